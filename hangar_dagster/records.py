@@ -1,0 +1,155 @@
+"""The rows hangar stores: one pydantic model per table (docs/data.md documents each column).
+
+Every record is written once, whole, to Parquet and DuckDB by ``store``; the
+models are the single definition of those tables' columns. Nested values
+(counts, lists, manifests, traces) are plain JSON-able types; ``store`` turns
+them into JSON text columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OutcomeClass = Literal[
+    "completed",  # the agent finished and left a patch: an admissible measurement
+    "empty_patch",  # the agent finished and changed nothing: admissible, it fails
+    "agent_error",  # the agent exited non-zero: admissible, it fails
+    "timeout",  # the agent hit the trial's time limit: admissible, it fails
+    "budget_exceeded",  # the agent hit trial_job_budget.max_cost_usd: admissible, it fails
+    "infra_error",  # infrastructure ended it (see infra_reason): excluded and retried
+]
+
+Trust = Literal["isolated", "best_effort", "low"]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExperimentRecord(Record):
+    experiment_id: str
+    name: str
+    author: str
+    submitted_at: dt.datetime
+    spec_path: str
+    spec_digest: str  # sha256 of the resolved spec with the canary masked
+    spec_json: str  # the resolved spec, canary masked
+    variants: list[str]
+    tasks: list[str]
+    trials_per_task: int
+    trials_planned: int
+    parallel: int
+
+
+class PinSetRecord(Record):
+    pin_set: str  # pin-<hash>; the hash is over every other field but created_at
+    harness_lock: str  # name@sha256:<digest>
+    harness_digest: str
+    environment_digest: str
+    model: str
+    model_concrete: bool
+    task_bases: dict[str, str]  # task id -> full base SHA
+    grader_digest: str
+    egress: str
+    created_at: dt.datetime
+
+
+class ExperimentPinRecord(Record):
+    """Which pin set a variant of an experiment runs under (pin sets are shared across experiments)."""
+
+    experiment_id: str
+    variant: str
+    pin_set: str
+    run_id: str
+
+
+class BaseCheckRecord(Record):
+    experiment_id: str
+    task: str
+    base_sha: str
+    grader_digest: str
+    base_passed: bool  # hidden tests passed on the unpatched base (bad: the task can't tell)
+    base_counts: dict[str, int]
+    reference_given: bool
+    reference_passed: bool | None
+    reference_counts: dict[str, int] | None
+    invalid: bool
+    reason: str | None
+    checked_at: dt.datetime
+    run_id: str
+
+
+class TrialRecord(Record):
+    experiment_id: str
+    trial_key: str  # variant/task/replicate
+    variant: str
+    task: str
+    replicate: int
+    attempt: int
+    retry_of: str | None  # run id of the excluded attempt this one replaces
+    run_id: str  # the Dagster run that materialized this attempt
+    pin_set: str
+    harness_digest: str
+    environment_digest: str
+    model: str
+    agent: str  # adapter name
+    agent_is_standin: bool  # true for the scripted stand-in agent: not a real model
+    base_sha: str
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    duration_s: float
+    outcome_class: OutcomeClass
+    infra_reason: str | None
+    agent_exit_code: int | None
+    verify_passed: bool | None
+    verify_exit_code: int | None
+    patch_sha256: str
+    patch_bytes: int
+    changed_files: list[str]
+    turns: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    error: str | None
+    manifest: dict[str, Any]
+    trace: dict[str, Any]
+    artifacts_dir: str
+
+
+class GradeRecord(Record):
+    experiment_id: str
+    trial_key: str
+    variant: str
+    task: str
+    replicate: int
+    attempt: int
+    run_id: str
+    graded_at: dt.datetime
+    passed: bool
+    hidden_tests: dict[str, int]  # total, passed, failed, errors, skipped (from JUnit)
+    exit_code: int | None
+    reason: str | None  # why a grade failed when it isn't simply failing tests
+    trust: Trust
+    files_mode: Literal["hidden", "in_repo"]
+    network: Literal["none", "mirror"]
+    runner: Literal["hangar-grade", "command"]
+    tamper_signals: list[str]
+    touched_tests: list[str]
+    contamination: list[str]
+    task_invalid: bool
+    grader_digest: str
+    duration_s: float
+
+
+class NoteRecord(Record):
+    experiment_id: str
+    at: dt.datetime = Field(default_factory=utcnow)
+    kind: str  # e.g. deprecation, infra, contamination, budget
+    message: str

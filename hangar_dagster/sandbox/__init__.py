@@ -1,0 +1,80 @@
+"""Sandboxes: where agent, verify and grader commands run.
+
+One small interface, ``Sandbox``, and a registry of named backends chosen by
+``environment.sandbox`` in the spec. Heavy or optional backends import lazily.
+A sandbox shows a command only what it is given: system directories, the
+Python runtime and hangar's own package read-only, the mounts in the request,
+and a writable workdir. Nothing of the host's environment variables leaks in:
+``env`` is the whole environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SandboxUnavailable(RuntimeError):
+    """The backend cannot create a sandbox here (missing binary, no namespaces, ...).
+
+    A trial that meets it ends as ``infra_error / sandbox_create``.
+    """
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str  # absolute path inside the sandbox
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    argv: list[str]
+    workdir: Path  # host directory, mounted read-write at the same path, and the cwd
+    env: dict[str, str]  # the complete environment inside the sandbox
+    timeout_s: float
+    memory_mb: int = 4096
+    mounts: list[Mount] = field(default_factory=list)
+    network: bool = False  # False: own network namespace with only loopback
+    stdin: bytes | None = None
+    output_limit: int = 1_000_000  # bytes kept of stdout and of stderr each
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    exit_code: int | None  # None when killed for the time limit
+    timed_out: bool
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+class Sandbox(ABC):
+    name: str
+
+    @abstractmethod
+    def run(self, request: SandboxRequest) -> SandboxResult:
+        """Run ``request.argv``; every process it started is gone when this returns."""
+
+    def describe(self) -> dict[str, str]:
+        """What the environment digest covers of this backend (name, version)."""
+        return {"backend": self.name}
+
+
+_BACKENDS = {
+    "bwrap": "hangar_dagster.sandbox.bwrap:BwrapSandbox",
+    "unshare": "hangar_dagster.sandbox.unshare:UnshareSandbox",
+}
+
+
+def get_sandbox(name: str) -> Sandbox:
+    try:
+        target = _BACKENDS[name]
+    except KeyError:
+        raise SandboxUnavailable(f"unknown sandbox backend {name!r}; known: {', '.join(sorted(_BACKENDS))}") from None
+    module, cls = target.split(":")
+    backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
+    return backend()
