@@ -38,11 +38,6 @@ class HangarPaths:
         return self.home / "artifacts"
 
     @property
-    def pins(self) -> Path:
-        """Content-addressed pin sets, ``pin-<hash>.json``, written once and never replaced."""
-        return self.home / "pins"
-
-    @property
     def work(self) -> Path:
         """Scratch space for clones and sandboxes; safe to delete between runs."""
         return self.home / "work"

@@ -100,13 +100,13 @@ class Variant(_Strict):
     environment: Environment | None = None
     tasks: list[str] | None = Field(None, description="Run only these tasks (default: all).")
     # The deprecated overlay form (issue #4 runs it; each use gets a deprecation note).
-    harness: str | None = Field(None, deprecated=True)
-    model: str | None = Field(None, deprecated=True)
-    approvals: str | None = Field(None, deprecated=True)
-    skills: list[str] | None = Field(None, deprecated=True)
-    skills_remove: list[str] | None = Field(None, deprecated=True)
-    instructions: str | None = Field(None, deprecated=True)
-    instructions_append: str | None = Field(None, deprecated=True)
+    harness: str | None = Field(None, json_schema_extra={"deprecated": True})
+    model: str | None = Field(None, json_schema_extra={"deprecated": True})
+    approvals: str | None = Field(None, json_schema_extra={"deprecated": True})
+    skills: list[str] | None = Field(None, json_schema_extra={"deprecated": True})
+    skills_remove: list[str] | None = Field(None, json_schema_extra={"deprecated": True})
+    instructions: str | None = Field(None, json_schema_extra={"deprecated": True})
+    instructions_append: str | None = Field(None, json_schema_extra={"deprecated": True})
 
     def overlay_fields(self) -> list[str]:
         return [f for f in OVERLAY_FIELDS if getattr(self, f) is not None]

@@ -1,0 +1,37 @@
+"""The Dagster entry point: ``dagster dev -w workspace.yaml`` and the CLI both load ``defs``.
+
+Definitions are a factory over stored experiments: every resolved spec under
+``HANGAR_HOME/experiments/`` becomes one asset group with its stage jobs.
+Project-wide rules (the resource, the sensor) are applied here, in one place.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from hangar_dagster.assets import build_experiment_assets
+from hangar_dagster.config import ensure_dagster_home, paths
+from hangar_dagster.jobs import build_experiment_jobs
+from hangar_dagster.resources import HangarResource
+from hangar_dagster.sensors import build_experiment_driver
+from hangar_dagster.submit import stored_experiments
+
+
+def build_definitions() -> dg.Definitions:
+    ensure_dagster_home()
+    p = paths()
+    assets: list[dg.AssetsDefinition] = []
+    jobs: list[dg.UnresolvedAssetJobDefinition] = []
+    for exp in stored_experiments(p):
+        group = build_experiment_assets(exp)
+        assets += group
+        jobs += build_experiment_jobs(exp, group)
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        sensors=[build_experiment_driver(jobs, str(p.home))] if jobs else [],
+        resources={"hangar": HangarResource(home=str(p.home))},
+    )
+
+
+defs = build_definitions()

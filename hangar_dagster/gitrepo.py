@@ -1,0 +1,106 @@
+"""Git plumbing for tasks: resolve a base, clone only up to it, apply and take patches.
+
+A trial's clone must hold the base's history and nothing else: no remote, no
+later branch, tag or object the agent could read an answer from. So the
+clone is built by fetching exactly the base commit into an empty repository,
+not by ``git clone`` (which copies every ref and, for local paths, hardlinks
+the whole object store).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Fixed identity and dates so repositories and patches are reproducible.
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "hangar",
+    "GIT_AUTHOR_EMAIL": "hangar@localhost",
+    "GIT_COMMITTER_NAME": "hangar",
+    "GIT_COMMITTER_EMAIL": "hangar@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+
+
+class GitError(RuntimeError):
+    pass
+
+
+def git(*args: str, cwd: Path | None = None, input: str | None = None) -> str:
+    env = {**os.environ, **GIT_ENV, "HOME": os.environ.get("HOME", "/root")}
+    proc = subprocess.run(
+        ["git", "-c", "safe.directory=*", *args],
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def repo_location(repo: str, relative_to: Path) -> str:
+    """A spec's ``repo``: URLs stay as they are; paths become absolute (relative to the spec)."""
+    if "://" in repo or repo.startswith("git@"):
+        return repo
+    return str((relative_to / repo).resolve())
+
+
+def resolve_base(repo: str, ref: str) -> str:
+    """The full SHA ``ref`` names in ``repo`` (a commit, tag or branch)."""
+    if Path(repo).exists():
+        try:
+            return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=Path(repo)).strip()
+        except GitError:
+            raise GitError(f"{repo}: no commit, tag or branch named {ref!r}") from None
+    if _SHA.match(ref):
+        return ref  # a remote can't be asked about a bare SHA; fetching it at clone time checks it
+    for line in git("ls-remote", repo, ref, f"refs/tags/{ref}^{{}}").splitlines():
+        sha, _, _name = line.partition("\t")
+        if _SHA.match(sha):
+            return sha
+    raise GitError(f"{repo}: no commit, tag or branch named {ref!r}")
+
+
+def isolated_clone(repo: str, sha: str, dest: Path) -> None:
+    """Make ``dest`` a repository holding ``sha`` and its history only, checked out, with no remote."""
+    dest.mkdir(parents=True, exist_ok=False)
+    git("init", "-q", "-b", "hangar-base", str(dest))
+    # Fetching by SHA transfers that commit's closure only; no refs come along.
+    git("-c", "uploadpack.allowAnySHA1InWant=true", "fetch", "-q", "--no-tags", repo, sha, cwd=dest)
+    git("reset", "-q", "--hard", sha, cwd=dest)
+    (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
+    git("reflog", "expire", "--expire=now", "--all", cwd=dest)
+    git("gc", "-q", "--prune=now", cwd=dest)
+
+
+def take_patch(workdir: Path, base_sha: str) -> str:
+    """Everything the working tree changed against ``base_sha``, new files included, as a diff."""
+    git("add", "-A", cwd=workdir)
+    return git("diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base_sha, cwd=workdir)
+
+
+def changed_files(patch: str) -> list[str]:
+    """Paths a patch touches (both sides of a rename)."""
+    files: list[str] = []
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            m = re.match(r"diff --git a/(.+?) b/(.+)$", line)
+            if m:
+                for p in m.groups():
+                    if p not in files:
+                        files.append(p)
+    return files
+
+
+def apply_patch(workdir: Path, patch: str) -> None:
+    """Apply ``patch`` to the checkout in ``workdir``; raise GitError when it does not apply."""
+    if not patch.strip():
+        return
+    git("apply", "--whitespace=nowarn", "--binary", "-", cwd=workdir, input=patch)

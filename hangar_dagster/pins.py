@@ -1,0 +1,50 @@
+"""Pin sets: the content-addressed record of everything a variant's trials run with.
+
+``pin-<hash>`` is a hash over the harness lock and its digest, the environment
+digest, the concrete model, every task's base SHA, the grader digest and the
+egress policy. Same inputs, same id; any change, a new id. The store refuses
+to overwrite a stored pin set with other content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hangar_dagster.digests import sha256_json
+from hangar_dagster.models import floating_reason
+from hangar_dagster.records import PinSetRecord, utcnow
+from hangar_dagster.spec import Environment
+
+
+def environment_digest(environment: Environment) -> str:
+    return "sha256:" + sha256_json(environment.model_dump(mode="json"))
+
+
+def pin_content(
+    *,
+    harness_lock: str,
+    harness_digest: str,
+    environment_digest: str,
+    model: str,
+    task_bases: dict[str, str],
+    grader_digest: str,
+    egress: str,
+) -> dict[str, Any]:
+    return {
+        "harness_lock": harness_lock,
+        "harness_digest": harness_digest,
+        "environment_digest": environment_digest,
+        "model": model,
+        "model_concrete": floating_reason(model) is None,
+        "task_bases": dict(sorted(task_bases.items())),
+        "grader_digest": grader_digest,
+        "egress": egress,
+    }
+
+
+def pin_set_id(content: dict[str, Any]) -> str:
+    return "pin-" + sha256_json(content)[:20]
+
+
+def pin_set_record(content: dict[str, Any]) -> PinSetRecord:
+    return PinSetRecord(pin_set=pin_set_id(content), created_at=utcnow(), **content)

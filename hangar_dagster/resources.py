@@ -1,0 +1,23 @@
+"""Dagster resources: the one handle assets get on hangar's state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from hangar_dagster.config import HangarPaths
+from hangar_dagster.store import Store
+
+
+class HangarResource(dg.ConfigurableResource):  # type: ignore[misc]
+    """Where hangar keeps its state (``HANGAR_HOME``); assets read and write through it."""
+
+    home: str
+
+    @property
+    def paths(self) -> HangarPaths:
+        return HangarPaths(Path(self.home))
+
+    def store(self) -> Store:
+        return Store(self.paths)
