@@ -61,10 +61,14 @@ def resolve_base(repo: str, ref: str) -> str:
             raise GitError(f"{repo}: no commit, tag or branch named {ref!r}") from None
     if _SHA.match(ref):
         return ref  # a remote can't be asked about a bare SHA; fetching it at clone time checks it
+    found: dict[str, str] = {}
     for line in git("ls-remote", repo, ref, f"refs/tags/{ref}^{{}}").splitlines():
-        sha, _, _name = line.partition("\t")
+        sha, _, name = line.partition("\t")
         if _SHA.match(sha):
-            return sha
+            found.setdefault("peeled" if name.endswith("^{}") else "ref", sha)
+    # An annotated tag is listed twice: the tag object, then (peeled, ^{}) its commit.
+    if found:
+        return found.get("peeled", found["ref"])
     raise GitError(f"{repo}: no commit, tag or branch named {ref!r}")
 
 
@@ -80,10 +84,18 @@ def isolated_clone(repo: str, sha: str, dest: Path) -> None:
     git("gc", "-q", "--prune=now", cwd=dest)
 
 
-def take_patch(workdir: Path, base_sha: str) -> str:
-    """Everything the working tree changed against ``base_sha``, new files included, as a diff."""
-    git("add", "-A", cwd=workdir)
-    return git("diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base_sha, cwd=workdir)
+def take_patch(workdir: Path, base_sha: str, git_dir: Path | None = None) -> str:
+    """What the working tree changed against ``base_sha`` (a commit or tree), new files included.
+
+    After untrusted code ran in ``workdir``, pass ``git_dir``: a copy of its
+    ``.git`` made before. The code could have written ``workdir/.git/config``
+    (``core.fsmonitor``, filter drivers) and git would run those commands here,
+    outside the sandbox; the copy's config is the one hangar wrote.
+    """
+    where = ["--git-dir", str(git_dir), "--work-tree", str(workdir)] if git_dir else []
+    git(*where, "add", "-A", cwd=workdir)
+    diff = ["diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base_sha]
+    return git(*where, *diff, cwd=workdir)
 
 
 def changed_files(patch: str) -> list[str]:

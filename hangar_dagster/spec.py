@@ -174,7 +174,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 
 def _structural(err: ValidationError) -> list[Problem]:
-    problems = []
+    problems: list[Problem] = []
     for e in err.errors():
         # A union (hidden_tests) reports each arm; the first is enough to fix it.
         loc = tuple(p for p in e["loc"] if p not in ("str", "dict[str,str]"))

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hangar_dagster.config import HangarPaths
+from hangar_dagster.plan import TrialKey
 from hangar_dagster.records import (
     BaseCheckRecord,
     ExperimentRecord,
@@ -93,26 +94,27 @@ class Store:
             raise TypeError(f"{type(record).__name__} is not a stored record type")
         row = table.to_row(record)
         if isinstance(record, TrialRecord | GradeRecord):
-            expected = f"{record.variant}/{record.task}/{record.replicate}"
+            expected = TrialKey(record.variant, record.task, record.replicate).key
             if record.trial_key != expected:
                 raise ValueError(
                     f"{type(record).__name__}.trial_key is {record.trial_key!r} but variant/task/"
-                    f"replicate say {expected!r}; build it with plan.TrialKey(...).key"
+                    f"replicate say {expected!r}; build it with TrialKey(...).key"
                 )
-        self._write_parquet(table, row)
+        batch = pa.Table.from_pylist([row], schema=table.arrow_schema())
+        self._write_parquet(table, row, batch)
         try:
             with self._db() as con:
-                self._insert(con, table, pa.Table.from_pylist([row], schema=table.arrow_schema()))
+                self._insert(con, table, batch)
         except StoreUnavailable as e:
             log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
 
-    def _write_parquet(self, table: Table, row: dict[str, Any]) -> None:
+    def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
         path = self.paths.parquet / table.relpath(row)
         path.parent.mkdir(parents=True, exist_ok=True)
         # not named *.parquet, so no glob (sync, an analyst) sees a half-written file
         tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
         try:
-            pq.write_table(pa.Table.from_pylist([row], schema=table.arrow_schema()), tmp)
+            pq.write_table(batch, tmp)
             _fsync(tmp)
             try:
                 os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
@@ -198,7 +200,7 @@ class Store:
             raise StoreUnavailable(f"{db} stayed busy in this process for {self.lock_timeout_s}s")
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.lock_file, "a+b") as fh:
+            with open(self.lock_file, "a+b") as fh:  # closing it releases the flock
                 self._retry(deadline, lambda: fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB))
                 con = self._retry(deadline, lambda: duckdb.connect(str(db)))
                 try:
@@ -207,7 +209,7 @@ class Store:
                         self._schema_ready = True
                     yield con
                 finally:
-                    con.close()  # closing the file releases the flock
+                    con.close()
         finally:
             lock.release()
 
@@ -222,7 +224,7 @@ class Store:
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(
                         f"{self.paths.duckdb} stayed locked for {self.lock_timeout_s}s ({e}); "
-                        "close other read-write sessions, or open it with `duckdb -readonly`"
+                        "another process holds it (an open duckdb shell?); see docs/data.md"
                     ) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -323,7 +325,7 @@ class Store:
 
     def notes(self, experiment_id: str) -> list[NoteRecord]:
         return self._records(
-            NoteRecord, "SELECT * FROM notes WHERE experiment_id = ? ORDER BY "at", note_id",
+            NoteRecord, 'SELECT * FROM notes WHERE experiment_id = ? ORDER BY "at", note_id',
             [experiment_id],
         )
 

@@ -1,4 +1,4 @@
-"""Small builders of valid records for store, export and doc tests; override any field by keyword."""
+"""Builders of valid records for the store, export and doc tests; override fields by keyword."""
 
 from __future__ import annotations
 

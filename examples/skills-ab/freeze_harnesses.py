@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "harness-src"
 REGISTRY = HERE / "harnesses"
 SPEC = HERE / "experiment.yaml"
+LOCK_LINE = re.compile(r"(harness_lock:\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(@sha256:[0-9a-f]{64})")
 
 
 def freeze_all() -> dict[str, str]:
@@ -42,7 +43,7 @@ def point_spec(spec: str, refs: dict[str, str]) -> str:
     def current(match: re.Match[str]) -> str:
         return match.group(1) + refs.get(match.group(2), match.group(2) + match.group(3))
 
-    return re.sub(r"(harness_lock:\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(@sha256:[0-9a-f]{64})", current, spec)
+    return LOCK_LINE.sub(current, spec)
 
 
 def main() -> int:

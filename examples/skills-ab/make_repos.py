@@ -46,11 +46,11 @@ def _commit(repo: Path, message: str, date: str) -> None:
 
 
 def make_repo(task: str, out: Path) -> Path:
-    """(Re)create ``out/<task>``; built beside it and swapped in, so a failure leaves the old one."""
+    """(Re)create ``out/<task>``: built beside it, then swapped in (a failure keeps the old one)."""
     fixture = FIXTURES / task
     for part in ("repo", "later", "hidden"):
         if not (fixture / part).is_dir():
-            raise SystemExit(f"{fixture / part}: missing; every fixture needs repo/, later/ and hidden/")
+            raise SystemExit(f"{fixture / part}: missing; a fixture needs repo/, later/, hidden/")
     dest = out / task
     tmp = out / f".tmp-{task}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -72,9 +72,13 @@ def reference_diff(repo: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=HERE / "repos", help="where the repositories go")
-    parser.add_argument("--write-reference", action="store_true", help="rewrite fixtures/<task>/reference.diff")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "repos", help="where repos go")
+    parser.add_argument(
+        "--write-reference", action="store_true", help="rewrite fixtures/<task>/reference.diff"
+    )
     args = parser.parse_args(argv)
     # No system or user git config: a signing key or autocrlf there would change the SHAs.
     os.environ["GIT_CONFIG_GLOBAL"] = os.devnull

@@ -12,7 +12,6 @@ the moment it finishes; the attempt is a new materialization of the same
 partition, with ``attempt`` in its metadata.
 """
 
-from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -43,7 +42,9 @@ def job_name(exp: ResolvedExperiment, stage: str) -> str:
     return f"{exp.experiment_id}__{stage}"
 
 
-def partitions(exp: ResolvedExperiment) -> tuple[dg.StaticPartitionsDefinition, dg.StaticPartitionsDefinition, dg.MultiPartitionsDefinition]:
+def partitions(
+    exp: ResolvedExperiment,
+) -> tuple[dg.StaticPartitionsDefinition, dg.StaticPartitionsDefinition, dg.MultiPartitionsDefinition]:
     variants = dg.StaticPartitionsDefinition(list(exp.variants))
     tasks = dg.StaticPartitionsDefinition(list(exp.tasks))
     task_reps = dg.StaticPartitionsDefinition(
@@ -52,9 +53,9 @@ def partitions(exp: ResolvedExperiment) -> tuple[dg.StaticPartitionsDefinition, 
     return variants, tasks, dg.MultiPartitionsDefinition({"variant": variants, "task_rep": task_reps})
 
 
-def trial_key_of(partition_key: str | dg.MultiPartitionKey) -> TrialKey:
-    dims = dg.MultiPartitionKey.from_str(partition_key) if isinstance(partition_key, str) else partition_key  # type: ignore[attr-defined]
-    return TrialKey.from_partition(dims.keys_by_dimension["variant"], dims.keys_by_dimension["task_rep"])
+def trial_key_of(trials_def: dg.MultiPartitionsDefinition, partition_key: str) -> TrialKey:
+    dims = trials_def.get_partition_key_from_str(partition_key).keys_by_dimension
+    return TrialKey.from_partition(dims["variant"], dims["task_rep"])
 
 
 def _concurrently(items: Iterable[T], fn: Callable[[T], R], workers: int) -> Iterable[tuple[T, R]]:
@@ -197,7 +198,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         retry_of = context.run.tags.get(TAG_RETRY_OF)
         todo: list[TrialKey] = []
         for pk in context.partition_keys:
-            key = trial_key_of(pk)
+            key = trial_key_of(trials_def, pk)
             if key.task not in exp.variants[key.variant].tasks:
                 context.add_asset_metadata({"skipped": "task not in this variant"}, partition_key=pk)
                 continue
@@ -239,7 +240,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         checks = store.base_checks(exp.experiment_id)
         todo: list[tuple[Any, TrialRecord]] = []
         for pk in context.partition_keys:
-            key = trial_key_of(pk)
+            key = trial_key_of(trials_def, pk)
             trial = latest.get(key.key)
             if trial is None:
                 context.add_asset_metadata({"skipped": "no trial"}, partition_key=pk)

@@ -17,9 +17,11 @@ the time, memory and output limits the same way:
   until no member of the group is alive, so nothing outlives ``run()``.
 - output: stdout and stderr are read to EOF in threads; bytes past the limit
   are read and dropped so the command never blocks on a full pipe.
-- environment: the launcher is started with exactly ``request.env``, and
-  neither launcher adds to it; passing it as the process environment (not as
-  ``--setenv`` arguments) keeps secrets out of argv, where ``ps`` shows them.
+- environment: the launcher is started with exactly ``request.env``; the only
+  variable added is ``PWD`` (the workdir), which bwrap always sets and the
+  unshare backend sets to match. Passing it as the process environment (not
+  as ``--clearenv``/``--setenv`` arguments) keeps secrets out of argv, where
+  ``ps`` shows them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -38,6 +41,13 @@ from hangar_dagster.sandbox import Mount, SandboxRequest, SandboxResult, Sandbox
 # Shown read-only where present; a symlink (as /bin -> usr/bin on merged-/usr
 # systems) is recreated as the same symlink rather than bound.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc")
+
+# Kernel knobs under /proc stay writable to uid 0 even without capabilities
+# (kernel.core_pattern runs a program on the host), so both backends cover
+# them read-only, as container runtimes do.
+PROC_READ_ONLY = tuple(
+    p for p in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus") if Path(p).exists()
+)
 
 # hangar_dagster/, bound at its host path so the editable install resolves inside.
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -77,7 +87,9 @@ def check_request(request: SandboxRequest) -> None:
     if not request.argv:
         raise ValueError("SandboxRequest.argv is empty: give the command to run")
     if not request.workdir.is_absolute() or not request.workdir.is_dir():
-        raise ValueError(f"SandboxRequest.workdir {request.workdir}: must be an existing absolute directory")
+        raise ValueError(
+            f"SandboxRequest.workdir {request.workdir}: must be an existing absolute directory"
+        )
     for m in request.mounts:
         _check_mount(m)
 
@@ -201,9 +213,13 @@ def run_launcher(
     err.start()
     feeders: list[threading.Thread] = []
     if request.stdin is not None:
-        feeders.append(threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True))
+        feeders.append(
+            threading.Thread(target=_feed, args=(proc.stdin, request.stdin), daemon=True)
+        )
     for fd, data in after_start or []:
-        feeders.append(threading.Thread(target=_feed, args=(os.fdopen(fd, "wb"), data), daemon=True))
+        feeders.append(
+            threading.Thread(target=_feed, args=(os.fdopen(fd, "wb"), data), daemon=True)
+        )
     for t in feeders:
         t.start()
     try:
@@ -222,3 +238,19 @@ def run_launcher(
         stderr=bytes(err.kept).decode("utf-8", errors="replace"),
         duration_s=time.monotonic() - started,
     )
+
+
+def read_sandbox_file(path: Path, limit: int) -> str | None:
+    """Up to ``limit`` bytes of a file a sandboxed command could write, read from the host.
+
+    None unless ``path`` is a regular file: a symlink left by the command would
+    otherwise be followed on the host, outside the sandbox.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit).decode("utf-8", errors="replace")

@@ -16,6 +16,7 @@ import subprocess
 
 from hangar_dagster.sandbox import Sandbox, SandboxRequest, SandboxResult, SandboxUnavailable
 from hangar_dagster.sandbox._common import (
+    PROC_READ_ONLY,
     check_request,
     memory_prefix,
     require_binary,
@@ -27,7 +28,15 @@ from hangar_dagster.sandbox._common import (
 
 
 def _namespace_args(network: bool) -> list[str]:
-    args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args = [
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+    ]
     if not network:
         args.append("--unshare-net")
     return args
@@ -37,7 +46,10 @@ def _system_args() -> list[str]:
     args: list[str] = []
     for path, link in system_entries():
         args += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
-    return args + ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc"]
+    for p in PROC_READ_ONLY:
+        args += ["--ro-bind", p, p]
+    return args + ["--dev", "/dev"]
 
 
 def _mount_args(request: SandboxRequest) -> list[str]:
@@ -60,9 +72,10 @@ def _probe(bwrap: str) -> None:
     argv = [bwrap, *_namespace_args(network=False), *_system_args(), "--", "/bin/true"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={})
     if proc.returncode != 0:
+        why = proc.stderr.strip() or f"exit {proc.returncode}"
         raise SandboxUnavailable(
-            f"bubblewrap cannot create namespaces here ({proc.stderr.strip() or f'exit {proc.returncode}'}); "
-            "run as root or enable unprivileged user namespaces (kernel.unprivileged_userns_clone=1)"
+            f"bubblewrap cannot create namespaces here ({why}); run as root or enable "
+            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
         )
 
 

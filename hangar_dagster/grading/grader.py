@@ -1,0 +1,497 @@
+"""The grader: hidden tests run in a sandbox against a patched clone, and the grade made from them.
+
+One grader run (``run_grader``) is: a fresh clone of the task at its base
+SHA, the patch applied, the hidden files written outside the repo (canary
+line on top, directory made read-only and mounted read-only), the grader
+command run with ``/bin/sh -c`` in the sandbox with no network and an
+environment built from scratch, then the JUnit report read and ``decide``
+applied. ``grade_trial`` and ``check_base`` turn runs into stored rows.
+docs/grading.md describes the whole path, the trust levels and the seams
+left for sealing (uid split, pipes, a trusted reporter).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from hangar_dagster.canary import mask
+from hangar_dagster.config import HangarPaths
+from hangar_dagster.digests import sha256_json
+from hangar_dagster.gitrepo import GitError, apply_patch, changed_files, isolated_clone
+from hangar_dagster.grading.junit import JunitResult, parse_junit, zero_counts
+from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
+from hangar_dagster.plan import ResolvedExperiment
+from hangar_dagster.records import BaseCheckRecord, GradeRecord, TrialRecord, Trust
+from hangar_dagster.sandbox import Mount, SandboxRequest, get_sandbox
+from hangar_dagster.spec import Grader
+
+Runner = Literal["hangar-grade", "command"]
+
+# Files that take a comment line; the canary goes on top of each.
+_HASH_COMMENT = {
+    ".py",
+    ".pyi",
+    ".cfg",
+    ".toml",
+    ".ini",
+    ".txt",
+    ".sh",
+    ".bash",
+    ".yaml",
+    ".yml",
+    ".rb",
+    ".pl",
+    ".r",
+}
+_SLASH_COMMENT = {
+    ".js",
+    ".jsx",
+    ".ts",
+    ".tsx",
+    ".mjs",
+    ".cjs",
+    ".go",
+    ".java",
+    ".kt",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".rs",
+    ".cs",
+    ".swift",
+    ".scala",
+}
+# Must stay on the first lines: a shebang, and Python's encoding declaration (PEP 263).
+_KEEP_FIRST = re.compile(r"^(#!|#.*coding[:=])")
+# Anything but a plain `hangar-grade ...` call: the shell could run something else as well.
+_SHELL_META = re.compile(r"[;&|`$<>(){}\n]")
+_OUT_CAP = 64 * 1024  # bytes of $HANGAR_GRADE_OUT kept in the output
+_ENV_EXTRA = {"HANGAR_TRIAL", "HANGAR_VARIANT"}
+
+
+@dataclass(frozen=True)
+class GraderRun:
+    exit_code: int | None
+    timed_out: bool
+    counts: dict[str, int]
+    junit_ok: bool
+    reason: str | None
+    output: str  # stdout, stderr and $HANGAR_GRADE_OUT, canary masked
+    duration_s: float
+    passed: bool
+    # Paths the patch names that exist at the base commit (for touched_tests).
+    base_paths: tuple[str, ...] = ()
+
+
+def hidden_files_for(experiment: ResolvedExperiment, task_id: str) -> dict[str, str]:
+    """The grader's shared files with the task's own on top (a task file wins on the same path)."""
+    return {**experiment.spec.grader.files, **experiment.tasks[task_id].hidden_files}
+
+
+def grader_digest(grader: Grader, hidden_files: dict[str, dict[str, str]]) -> str:
+    """sha256 over what decides a grade: command, network, files_mode, timeout, hidden files.
+
+    ``hidden_files`` is {task id: {path: content}}; ``grader.files`` are
+    covered too. The canary is left out: it is a secret and differs per
+    experiment, while the same grader should pin the same digest.
+    """
+    return "sha256:" + sha256_json(
+        {
+            "command": grader.command,
+            "network": grader.network,
+            "files_mode": grader.files_mode,
+            "timeout_s": grader.timeout_s,
+            "files": grader.files,
+            "tasks": hidden_files,
+        }
+    )
+
+
+def grader_runner(command: str) -> Runner:
+    """``hangar-grade`` when the command is a plain hangar-grade call, else ``command``."""
+    if _SHELL_META.search(command):
+        return "command"
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return "command"
+    return "hangar-grade" if words and words[0] == "hangar-grade" else "command"
+
+
+def grade_trust(grader: Grader) -> Trust:
+    """best_effort for hangar-grade with hidden files (no uid split yet), low otherwise."""
+    if grader.files_mode == "in_repo" or grader_runner(grader.command) != "hangar-grade":
+        return "low"
+    return "best_effort"
+
+
+def decide(exit_code: int | None, timed_out: bool, junit: JunitResult) -> tuple[bool, str | None]:
+    """Pass only on exit 0 with a readable report of >=1 passed test and no failure or error.
+
+    The reason says why a grade failed when it is not simply failing tests
+    (those give ``(False, None)``). All-skipped runs fail: they show nothing.
+    """
+    if timed_out:
+        return False, "grader timed out"
+    if not junit.ok:
+        return False, f"no usable JUnit report: {junit.error}"
+    c = junit.counts
+    if c["total"] == 0:
+        return False, "no hidden tests were collected"
+    bad = c["failed"] + c["errors"]
+    if bad:
+        if exit_code == 0:
+            return False, f"the command exited 0 but the JUnit report shows {bad} failing test(s)"
+        return False, None
+    if exit_code != 0:
+        return False, f"the command exited {exit_code} though its JUnit report shows no failure"
+    if c["passed"] == 0:
+        return False, f"all {c['total']} hidden test(s) were skipped"
+    return True, None
+
+
+def hidden_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a hidden file's name, or None when it can."""
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or ".." in p.parts or "\\" in path or str(p) in ("", "."):
+        return (
+            f"hidden file path {path!r} must be relative, inside the hidden tests directory, "
+            "without '..'"
+        )
+    return None
+
+
+def with_canary(path: str, content: str, canary: str) -> str:
+    """``content`` with a ``canary`` comment line on top, if the file's type takes comments."""
+    suffix = PurePosixPath(path).suffix.lower()
+    if suffix in _HASH_COMMENT:
+        marker = f"# {canary}\n"
+    elif suffix in _SLASH_COMMENT:
+        marker = f"// {canary}\n"
+    else:
+        return content
+    lines = content.splitlines(keepends=True)
+    keep = 0
+    while keep < min(2, len(lines)) and _KEEP_FIRST.match(lines[keep]):
+        keep += 1
+    if keep and not lines[keep - 1].endswith("\n"):
+        lines[keep - 1] += "\n"
+    return "".join(lines[:keep]) + marker + "".join(lines[keep:])
+
+
+def write_hidden_files(dest: Path, files: dict[str, str], canary: str) -> int:
+    """Write ``files`` under ``dest`` with the canary line; return how many carry it."""
+    marked = 0
+    for rel, content in sorted(files.items()):
+        if problem := hidden_path_problem(rel):
+            raise ValueError(
+                f"grader.files / tasks[].hidden_tests: {problem}; rename it in the spec"
+            )
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        text = with_canary(rel, content, canary)
+        marked += text != content
+        target.write_text(text)
+    return marked
+
+
+def _make_read_only(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o555)
+    os.chmod(root, 0o555)
+
+
+def _remove_tree(root: Path) -> None:
+    # The hidden dir is read-only, and code under test may leave read-only dirs behind.
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, stat.S_IRWXU)
+    if root.exists():
+        os.chmod(root, stat.S_IRWXU)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_capped(path: Path, cap: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(cap).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _failed(
+    reason: str, started: float, output: str = "", base_paths: tuple[str, ...] = ()
+) -> GraderRun:
+    return GraderRun(
+        exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False, reason=reason,
+        output=output, duration_s=time.monotonic() - started, passed=False, base_paths=base_paths,
+    )  # fmt: skip
+
+
+def _safe_label(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60] or "run"
+
+
+def run_grader(
+    experiment: ResolvedExperiment,
+    task_id: str,
+    patch: str,
+    *,
+    label: str,
+    work_root: Path,
+    env_extra: dict[str, str],
+) -> GraderRun:
+    """Grade ``patch`` (empty for the bare base) on a fresh clone of the task, in the sandbox.
+
+    ``env_extra`` may set HANGAR_TRIAL and HANGAR_VARIANT (defaults: ``label``
+    and empty). A patch that does not apply, or a network the local sandbox
+    cannot give, is a failed run with a reason; a sandbox that cannot be
+    created raises ``SandboxUnavailable`` (infrastructure, not a grade).
+    """
+    unknown = sorted(set(env_extra) - _ENV_EXTRA)
+    if unknown:
+        raise ValueError(
+            f"run_grader env_extra: {', '.join(unknown)} not allowed; "
+            f"only {', '.join(sorted(_ENV_EXTRA))}"
+        )
+    started = time.monotonic()
+    grader = experiment.spec.grader
+    task = experiment.tasks[task_id]
+    canary = experiment.canary
+    if grader.network != "none":
+        return _failed(
+            f"grader network {grader.network!r} is not supported by the local sandbox: "
+            "use network: none with a repo build, or a backend with a package mirror",
+            started,
+        )
+    work_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"grade-{_safe_label(label)}-", dir=work_root))
+    try:
+        repo, hidden, out = work / "repo", work / "hidden", work / "out"
+        isolated_clone(task.repo, task.base_sha, repo)
+        base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
+        try:
+            apply_patch(repo, patch)
+        except GitError as err:
+            return _failed(
+                f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
+            )
+        files = hidden_files_for(experiment, task_id)
+        out.mkdir()
+        mounts = [Mount(out, str(out), writable=True)]
+        if grader.files_mode == "hidden":
+            hidden.mkdir()
+            canary_files = write_hidden_files(hidden, files, canary)
+            _make_read_only(hidden)
+            mounts.insert(0, Mount(hidden, str(hidden), writable=False))
+            hidden_dir = hidden
+        else:
+            # The old layout: the files sit in the repo, where the patch's code can change them.
+            canary_files = write_hidden_files(repo, files, canary)
+            hidden_dir = repo
+        junit_path, grade_out = out / "junit.xml", out / "grade-out.txt"
+        env = {
+            "HANGAR_HIDDEN_TESTS": str(hidden_dir),
+            "HANGAR_REPO": str(repo),
+            "HANGAR_GRADE_OUT": str(grade_out),
+            "HANGAR_GRADE_JUNIT": str(junit_path),
+            "HANGAR_TRIAL": label,
+            "HANGAR_TASK": task_id,
+            "HANGAR_VARIANT": "",
+            "HANGAR_EXPERIMENT": experiment.experiment_id,
+            **env_extra,
+            # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+        }
+        result = get_sandbox(experiment.spec.environment.sandbox).run(
+            SandboxRequest(
+                argv=["/bin/sh", "-c", grader.command],
+                workdir=repo,
+                env=env,
+                timeout_s=grader.timeout_s,
+                memory_mb=experiment.spec.environment.resources.memory_mb,
+                mounts=mounts,
+                network=False,
+            )
+        )
+        junit = parse_junit(junit_path)
+        passed, reason = decide(result.exit_code, result.timed_out, junit)
+        parts = [result.stdout]
+        if result.stderr:
+            parts.append(f"--- stderr ---\n{result.stderr}")
+        if extra := _read_capped(grade_out, _OUT_CAP):
+            parts.append(f"--- $HANGAR_GRADE_OUT ---\n{extra}")
+        parts.append(
+            f"--- hangar ---\nexit: {result.exit_code} timed_out: {result.timed_out} "
+            f"tests: {json.dumps(junit.counts)} passed: {passed} reason: {reason} "
+            f"canary_files: {canary_files}\n"
+        )
+        return GraderRun(
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            counts=junit.counts,
+            junit_ok=junit.ok,
+            reason=mask(reason, canary),
+            output=mask("\n".join(parts), canary),
+            duration_s=time.monotonic() - started,
+            passed=passed,
+            base_paths=base_paths,
+        )
+    finally:
+        _remove_tree(work)
+
+
+def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
+    texts = {"patch": patch, "trace": json.dumps(trial.trace)}
+    art = Path(trial.artifacts_dir)
+    if art.is_dir():
+        for found in [art / "trace.json", *sorted(art.rglob("RESULT.md"))]:
+            if found.is_file():
+                texts[found.relative_to(art).as_posix()] = found.read_text(errors="replace")
+    return texts
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def grade_trial(
+    experiment: ResolvedExperiment,
+    trial: TrialRecord,
+    patch: str,
+    base_check: BaseCheckRecord | None,
+    run_id: str,
+    paths: HangarPaths,
+) -> GradeRecord:
+    """Grade one trial attempt, and save the grader's output as ``grade.log`` in its artifacts.
+
+    A trial that ended as ``infra_error`` is not run (it is excluded and
+    retried): its grade fails with reason ``not graded: infra_error (...)``,
+    while the patch signals and canary search still apply. ``base_check``
+    None means the task was not checked: ``task_invalid`` is then False.
+    """
+    grader = experiment.spec.grader
+    if trial.outcome_class == "infra_error":
+        run = GraderRun(
+            exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
+            reason=f"not graded: infra_error ({trial.infra_reason or 'no reason recorded'})",
+            output="", duration_s=0.0, passed=False,
+        )  # fmt: skip
+    else:
+        run = run_grader(
+            experiment,
+            trial.task,
+            patch,
+            label=trial.trial_key,
+            work_root=paths.work / "grading",
+            env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
+        )
+        _write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
+    return GradeRecord(
+        experiment_id=experiment.experiment_id,
+        trial_key=trial.trial_key,
+        variant=trial.variant,
+        task=trial.task,
+        replicate=trial.replicate,
+        attempt=trial.attempt,
+        run_id=run_id,
+        graded_at=dt.datetime.now(dt.UTC),
+        passed=run.passed,
+        hidden_tests=run.counts,
+        exit_code=run.exit_code,
+        reason=run.reason,
+        trust=grade_trust(grader),
+        files_mode=grader.files_mode,
+        network=grader.network,
+        runner=grader_runner(grader.command),
+        tamper_signals=tamper_signals(patch),
+        touched_tests=touched_tests(patch, run.base_paths),
+        contamination=canary_hits(_contamination_texts(trial, patch), experiment.canary),
+        task_invalid=base_check.invalid if base_check is not None else False,
+        grader_digest=experiment.grader_digest,
+        duration_s=run.duration_s,
+    )
+
+
+def base_check_log(paths: HangarPaths, experiment_id: str, task_id: str) -> Path:
+    """Where a base check keeps its grader output (beside the trials' artifacts, canary masked)."""
+    # Variant names start with a letter or digit, so this never meets a trial's directory.
+    return paths.artifacts / experiment_id / "_base_checks" / f"{task_id}.log"
+
+
+def _failing(counts: dict[str, int]) -> str:
+    return f"{counts['failed']} failed, {counts['errors']} error(s) of {counts['total']}"
+
+
+def check_base(
+    experiment: ResolvedExperiment, task_id: str, run_id: str, paths: HangarPaths
+) -> BaseCheckRecord:
+    """Base must fail: the hidden tests on the unpatched base, and on the reference patch if given.
+
+    Invalid when they pass on base, collect nothing there, or fail on the
+    reference patch; ``reason`` lists every cause.
+    """
+    task = experiment.tasks[task_id]
+    work_root = paths.work / "grading"
+    env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
+    base = run_grader(
+        experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env
+    )
+    reasons: list[str] = []
+    if base.passed:
+        reasons.append("hidden tests pass on base")
+    elif base.counts["total"] == 0:
+        reasons.append(f"no hidden tests were collected on base ({base.reason})")
+    ref: GraderRun | None = None
+    if task.reference_patch is not None:
+        ref = run_grader(
+            experiment, task_id, task.reference_patch,
+            label=f"reference-{task_id}", work_root=work_root, env_extra=env,
+        )  # fmt: skip
+        if not ref.passed:
+            reasons.append(
+                f"hidden tests fail on reference_patch ({ref.reason or _failing(ref.counts)})"
+            )
+    log = f"=== base ({task.base_sha}) ===\n{base.output}"
+    if ref is not None:
+        log += f"\n=== reference_patch ===\n{ref.output}"
+    _write_atomic(base_check_log(paths, experiment.experiment_id, task_id), log)
+    return BaseCheckRecord(
+        experiment_id=experiment.experiment_id,
+        task=task_id,
+        base_sha=task.base_sha,
+        grader_digest=experiment.grader_digest,
+        base_passed=base.passed,
+        base_counts=base.counts,
+        reference_given=ref is not None,
+        reference_passed=ref.passed if ref is not None else None,
+        reference_counts=ref.counts if ref is not None else None,
+        invalid=bool(reasons),
+        reason="; ".join(reasons) or None,
+        checked_at=dt.datetime.now(dt.UTC),
+        run_id=run_id,
+    )

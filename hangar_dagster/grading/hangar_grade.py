@@ -1,0 +1,102 @@
+"""``hangar-grade``: run a grader's hidden tests so that nothing the patch added loads first.
+
+``hangar-grade pytest [args]`` replaces itself (``os.execve``) with
+
+    python -I -B -m pytest -p no:cacheprovider --noconftest -c /dev/null -o addopts= ...
+        --rootdir $HANGAR_HIDDEN_TESTS -p hangar_dagster.grading.pytest_plugin
+        --junitxml $HANGAR_GRADE_JUNIT [args] $HANGAR_HIDDEN_TESTS
+
+from the hidden tests directory, with an environment built from scratch:
+
+* ``-I``: no PYTHONPATH or other PYTHON* variables, no user site, no script
+  directory or cwd on sys.path, so a sitecustomize.py / usercustomize.py in the
+  repo never runs; ``-B`` and PYTHONDONTWRITEBYTECODE: no bytecode left behind.
+* ``--noconftest``: no conftest.py is loaded, the repo's included.
+* ``-c /dev/null``, ``-o addopts=`` and ``--rootdir``: no pytest.ini, tox.ini,
+  setup.cfg or pyproject.toml of the repo is read.
+* PYTEST_DISABLE_PLUGIN_AUTOLOAD, no PYTEST_ADDOPTS / PYTEST_PLUGINS: only
+  the plugins named here load; ``-p no:cacheprovider``: no cache written.
+* the repo reaches sys.path only through ``pytest_plugin`` once pytest runs.
+
+The ``args`` come from the experiment's grader command (the spec's author),
+never from the code under test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+USAGE = "usage: hangar-grade pytest [pytest args]"
+REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
+# The only variables kept from the caller's environment: the grader's own and a few basics.
+# A named list, not a HANGAR_* prefix, so nothing can smuggle a variable through by its name.
+_KEEP = (
+    *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
+    "HANGAR_EXPERIMENT", "PATH", "HOME", "LANG", "LC_ALL", "TZ",
+)  # fmt: skip
+
+
+class UsageError(Exception):
+    pass
+
+
+def pytest_env(environ: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in environ.items() if k in _KEEP}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def pytest_command(
+    args: Sequence[str], environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], str]:
+    """The argv, environment and working directory ``hangar-grade pytest args`` execs."""
+    missing = [name for name in REQUIRED_ENV if not environ.get(name)]
+    if missing:
+        raise UsageError(
+            f"hangar-grade: {', '.join(missing)} not set; hangar-grade runs inside hangar's "
+            "grader, which sets them (HANGAR_HIDDEN_TESTS: the hidden tests dir, "
+            "HANGAR_REPO: the patched repo, HANGAR_GRADE_JUNIT: where to write the JUnit report)"
+        )
+    hidden = environ["HANGAR_HIDDEN_TESTS"]
+    if not os.path.isdir(hidden):
+        raise UsageError(f"hangar-grade: HANGAR_HIDDEN_TESTS={hidden!r} is not a directory")
+    argv = [
+        sys.executable, "-I", "-B", "-m", "pytest",
+        "-p", "no:cacheprovider",
+        "--noconftest",
+        "-c", os.devnull,
+        "-o", "addopts=",
+        "-o", "python_files=test_*.py *_test.py",
+        "--import-mode=prepend",
+        "--rootdir", hidden,
+        "-p", "hangar_dagster.grading.pytest_plugin",
+        "--junitxml", environ["HANGAR_GRADE_JUNIT"],
+        *args,
+        hidden,
+    ]  # fmt: skip
+    # Not the repo: pytest must not find anything of it by looking around its cwd.
+    return argv, pytest_env(environ), hidden
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args or args[0] != "pytest":
+            raise UsageError(
+                f"hangar-grade: unknown subcommand {args[0]!r}; {USAGE}"
+                if args
+                else f"hangar-grade: {USAGE}"
+            )
+        command, env, cwd = pytest_command(args[1:], os.environ)
+    except UsageError as err:
+        print(err, file=sys.stderr)
+        return 2
+    os.chdir(cwd)
+    os.execve(command[0], command, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Read a JUnit XML report into counts, refusing anything that could lie its way past the parser.
+
+The report is written by code that ran beside the code under test, so it is
+untrusted input: its size is capped, DOCTYPE and entity declarations are
+refused before parsing (no entity expansion, no external references), and
+counts are taken only from the outcome each ``<testcase>`` states, never from
+a suite's ``tests=`` / ``failures=`` attributes. A report that cannot be read
+is an error result, which ``decide`` never turns into a pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from xml.etree.ElementTree import ParseError
+
+from junitparser import Error, Failure, JUnitXml, JUnitXmlError, Skipped, TestCase
+
+MAX_BYTES = 5 * 1024 * 1024
+
+Outcome = Literal["passed", "failed", "error", "skipped"]
+COUNT_KEYS = ("total", "passed", "failed", "errors", "skipped")
+_DECLARATION = re.compile(r"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
+def zero_counts() -> dict[str, int]:
+    return dict.fromkeys(COUNT_KEYS, 0)
+
+
+@dataclass(frozen=True)
+class JunitResult:
+    ok: bool
+    error: str | None  # why the report could not be used (ok is False)
+    counts: dict[str, int] = field(default_factory=zero_counts)
+    cases: list[tuple[str, Outcome]] = field(default_factory=list)  # (test id, outcome)
+
+
+def _outcome(case: TestCase) -> Outcome:
+    # Worst outcome wins when a testcase carries several result elements.
+    results = case.result
+    if any(isinstance(r, Error) for r in results):
+        return "error"
+    if any(isinstance(r, Failure) for r in results):
+        return "failed"
+    if any(isinstance(r, Skipped) for r in results):
+        return "skipped"
+    return "passed"
+
+
+def _case_id(case: TestCase) -> str:
+    name = case.name or "<unnamed>"
+    return f"{case.classname}::{name}" if case.classname else name
+
+
+def parse_junit_bytes(data: bytes, source: str = "<junit>") -> JunitResult:
+    if len(data) > MAX_BYTES:
+        return JunitResult(
+            False, f"{source}: report is {len(data)} bytes, over the {MAX_BYTES}-byte cap"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # Other encodings could hide a declaration from the check below.
+        return JunitResult(
+            False, f"{source}: report is not UTF-8 ({err.reason} at byte {err.start})"
+        )
+    if _DECLARATION.search(text):
+        return JunitResult(
+            False, f"{source}: report declares a DOCTYPE or entity; refused unparsed"
+        )
+    try:
+        xml = JUnitXml.fromstring(data)
+    except (ParseError, JUnitXmlError) as err:
+        return JunitResult(False, f"{source}: not a JUnit XML report ({err})")
+    counts = zero_counts()
+    cases: list[tuple[str, Outcome]] = []
+    key = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
+    for suite in xml:
+        for case in suite:
+            outcome = _outcome(case)
+            counts["total"] += 1
+            counts[key[outcome]] += 1
+            cases.append((_case_id(case), outcome))
+    return JunitResult(True, None, counts, cases)
+
+
+def parse_junit(path: Path) -> JunitResult:
+    """Parse the report at ``path``; a missing, oversized or malformed file is an error result."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return JunitResult(False, f"{path.name}: no JUnit report was written")
+    if not path.is_file():
+        return JunitResult(False, f"{path.name}: the JUnit report is not a regular file")
+    if size > MAX_BYTES:
+        return JunitResult(
+            False, f"{path.name}: report is {size} bytes, over the {MAX_BYTES}-byte cap"
+        )
+    with path.open("rb") as fh:
+        data = fh.read(MAX_BYTES + 1)  # the file could still grow after stat
+    return parse_junit_bytes(data, path.name)

@@ -1,0 +1,354 @@
+"""One trial attempt: clone at the pinned base, run the agent in a sandbox, verify, take the patch.
+
+``run_trial`` never raises for a trial-level failure: every way a trial can
+end is an outcome in the returned ``TrialRecord`` (infrastructure failures as
+``infra_error`` with an ``infra_reason``), and its artifacts are written under
+``HangarPaths.trial_artifacts`` with the canary masked: ``manifest.json``
+(what it ran with), ``trace.json`` (what it did), ``patch.diff``,
+``agent.log``, ``verify.log``, ``build.log`` and the agent's ``RESULT.md``
+when it left one. The scratch work dir is deleted at the end.
+
+Since the artifacts are masked, the raw canary can no longer be found in
+them; the trace's ``canary_seen_in`` lists where it was seen before masking.
+The returned patch text is the raw patch (for a caller grading in process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hangar_dagster.agents import Agent, AgentContext, AgentRun, UnknownAgent, get_agent
+from hangar_dagster.agents.standin import sandbox_path
+from hangar_dagster.canary import mask
+from hangar_dagster.config import HangarPaths
+from hangar_dagster.gitrepo import GitError, changed_files, git, isolated_clone, take_patch
+from hangar_dagster.grading.grader import _remove_tree, _write_atomic
+from hangar_dagster.grading.signals import canary_hits
+from hangar_dagster.harness import HarnessError, HarnessLock, load_lock
+from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant, TrialKey
+from hangar_dagster.records import OutcomeClass, TrialRecord, utcnow
+from hangar_dagster.sandbox import (
+    Sandbox,
+    SandboxRequest,
+    SandboxResult,
+    SandboxUnavailable,
+    get_sandbox,
+)
+from hangar_dagster.sandbox._common import read_sandbox_file
+
+RESULT_LIMIT = 1_000_000  # bytes of the agent's RESULT.md kept
+LOG_LIMIT = 1_000_000  # bytes of build and verify output kept, each stream
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    experiment: ResolvedExperiment
+    key: TrialKey
+    attempt: int
+    retry_of: str | None
+    run_id: str
+
+
+class InfraError(Exception):
+    """Infrastructure ended the trial; ``reason`` becomes the record's ``infra_reason``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class _Trial:
+    """What a trial gathered so far; whatever stage it stopped at, it becomes a record."""
+
+    sandbox_info: dict[str, str] = field(default_factory=dict)
+    agent: Agent | None = None
+    run: AgentRun | None = None
+    verify: dict[str, Any] | None = None
+    build_log: str = ""
+    verify_log: str = ""
+    result_md: str | None = None
+    patch: str = ""
+    infra_reason: str | None = None
+    error: str | None = None
+
+
+def _sandbox_env(task: ResolvedTask) -> dict[str, str]:
+    return {
+        "PATH": sandbox_path(),
+        "HOME": "/tmp",
+        "HANGAR_TASK": task.id,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _shell(
+    sandbox: Sandbox, command: str, repo: Path, variant: ResolvedVariant, task: ResolvedTask
+) -> SandboxResult:
+    res = variant.environment.resources
+    return sandbox.run(
+        SandboxRequest(
+            argv=["/bin/sh", "-c", command],
+            workdir=repo,
+            env=_sandbox_env(task),
+            timeout_s=res.timeout_s,
+            memory_mb=res.memory_mb,
+            output_limit=LOG_LIMIT,
+        )
+    )
+
+
+def _log(label: str, command: str, result: SandboxResult) -> str:
+    status = "timed out" if result.timed_out else f"exit {result.exit_code}"
+    head = f"$ {command}\n# {label}: {status} in {result.duration_s:.1f}s\n"
+    return f"{head}{result.stdout}{result.stderr}\n"
+
+
+def _snapshot(repo: Path, git_dir: Path) -> str:
+    """The tree of ``repo`` as it is now (build outputs included), via the trusted ``git_dir``."""
+    where = ["--git-dir", str(git_dir), "--work-tree", str(repo)]
+    git(*where, "add", "-A", cwd=repo)
+    tree = git(*where, "write-tree", cwd=repo).strip()
+    git(*where, "reset", "-q", cwd=repo)
+    return tree
+
+
+def _prepare(
+    req: TrialRequest, work: Path, state: _Trial
+) -> tuple[Sandbox, HarnessLock, Path, str]:
+    exp, variant = req.experiment, req.experiment.variants[req.key.variant]
+    task = exp.tasks[req.key.task]
+    environment = variant.environment
+    if environment.egress.mode != "none":
+        raise InfraError(
+            "egress_unsupported",
+            f"variant {variant.name}: environment.egress.mode {environment.egress.mode!r} needs a "
+            "sandbox with an egress proxy; the local sandboxes support only 'none'",
+        )
+    try:
+        sandbox = get_sandbox(environment.sandbox)
+        state.sandbox_info = sandbox.describe()
+    except SandboxUnavailable as err:
+        raise InfraError("sandbox_create", str(err)) from err
+    try:
+        harness = load_lock(Path(variant.harness_path).parent, variant.harness_lock)
+        state.agent = get_agent(variant.adapter)
+    except (HarnessError, UnknownAgent) as err:
+        raise InfraError("harness", str(err)) from err
+    if harness.digest != variant.harness_digest or harness.adapter != variant.adapter:
+        raise InfraError(
+            "drift",
+            f"harness lock {harness.ref} (adapter {harness.adapter}) is not what variant "
+            f"{variant.name} pinned (sha256:{variant.harness_digest}, adapter {variant.adapter})",
+        )
+    repo = work / "repo"
+    git_dir = work / "git"
+    try:
+        isolated_clone(task.repo, task.base_sha, repo)
+        # The agent can rewrite repo/.git; patches are taken with this copy (see take_patch).
+        shutil.copytree(repo / ".git", git_dir, symlinks=True)
+    except GitError as err:
+        raise InfraError("clone", str(err)) from err
+    base = task.base_sha
+    if environment.build:
+        for command in environment.build:
+            result = _shell(sandbox, command, repo, variant, task)
+            state.build_log += _log("build", command, result)
+            if result.timed_out or result.exit_code != 0:
+                raise InfraError(
+                    "build",
+                    f"build step {command!r} failed ({_log('build', command, result)[-500:]})",
+                )
+        # Build outputs are the environment's, not the agent's: diff against the built tree.
+        base = _snapshot(repo, git_dir)
+    return sandbox, harness, git_dir, base
+
+
+def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
+    exp, variant = req.experiment, req.experiment.variants[req.key.variant]
+    task = exp.tasks[req.key.task]
+    sandbox, harness, git_dir, base = _prepare(req, work, state)
+    assert state.agent is not None
+    res = variant.environment.resources
+    ctx = AgentContext(
+        trial_key=req.key.key,
+        task_id=task.id,
+        seed=f"{exp.name}:{req.key.key}:{req.attempt}",
+        workdir=work / "repo",
+        harness=harness,
+        model=variant.model,
+        instructions=task.instructions,
+        verify=task.verify,
+        timeout_s=res.timeout_s,
+        memory_mb=res.memory_mb,
+        sandbox=sandbox,
+        network=variant.environment.egress.mode != "none",
+        out_dir=work / "agent",
+    )
+    try:
+        state.run = state.agent.run(ctx)
+    except SandboxUnavailable as err:
+        raise InfraError("sandbox_create", str(err)) from err
+    except HarnessError as err:
+        raise InfraError("harness", str(err)) from err
+    for found in sorted((work / "agent").rglob("RESULT.md")):
+        state.result_md = read_sandbox_file(found, RESULT_LIMIT)
+        break
+    try:
+        # Before verify, so what verify leaves behind (caches, bytecode) is not in the patch.
+        state.patch = take_patch(work / "repo", base, git_dir=git_dir)
+    except GitError as err:
+        raise InfraError("patch", str(err)) from err
+    if task.verify:
+        result = _shell(sandbox, task.verify, work / "repo", variant, task)
+        state.verify_log = _log("verify", task.verify, result)
+        state.verify = {
+            "command": task.verify,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "passed": result.exit_code == 0,
+            "duration_s": round(result.duration_s, 3),
+        }
+
+
+def _outcome(exp: ResolvedExperiment, state: _Trial) -> OutcomeClass:
+    run = state.run
+    if state.infra_reason is not None or run is None:
+        return "infra_error"
+    if run.timed_out:
+        return "timeout"
+    budget = exp.spec.trial_job_budget
+    if budget is not None and run.cost_usd > budget.max_cost_usd:
+        return "budget_exceeded"
+    if run.exit_code != 0:
+        return "agent_error"
+    return "completed" if state.patch.strip() else "empty_patch"
+
+
+def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
+    """Run one attempt of one trial; returns its record and its (raw) patch text."""
+    exp = req.experiment
+    variant = exp.variants[req.key.variant]
+    task = exp.tasks[req.key.task]
+    started_at = utcnow()
+    started = time.monotonic()
+    state = _Trial()
+    paths.work.mkdir(parents=True, exist_ok=True)
+    prefix = f"{exp.experiment_id}-{req.key.key.replace('/', '__')}-a{req.attempt}-"
+    work = Path(tempfile.mkdtemp(dir=paths.work, prefix=prefix))
+    try:
+        _execute(req, work, state)
+    except InfraError as err:
+        state.infra_reason, state.error = err.reason, str(err)
+    except Exception as err:  # a trial must end as a record, whatever broke
+        state.infra_reason, state.error = "internal", f"{type(err).__name__}: {err}"
+    finally:
+        _remove_tree(work)
+    if state.error is None and state.run is not None:
+        state.error = state.run.error
+    outcome = _outcome(exp, state)
+    art = paths.trial_artifacts(exp.experiment_id, req.key.key, req.attempt)
+    is_standin = state.agent.is_standin if state.agent else variant.adapter == "standin"
+    run = state.run
+    agent_log = run.output_tail if run else ""
+    canary = exp.canary
+    texts = {
+        "patch": state.patch,
+        "agent.log": agent_log,
+        "trace": json.dumps(run.events if run else []),
+        "verify.log": state.verify_log,
+        **({"RESULT.md": state.result_md} if state.result_md is not None else {}),
+    }
+    manifest: dict[str, Any] = {
+        "experiment_id": exp.experiment_id,
+        "trial_key": req.key.key,
+        "attempt": req.attempt,
+        "retry_of": req.retry_of,
+        "run_id": req.run_id,
+        "pin_set": variant.pin_set,
+        "harness_lock": variant.harness_lock,
+        "harness_digest": variant.harness_digest,
+        "environment": variant.environment.model_dump(mode="json"),
+        "environment_digest": variant.environment_digest,
+        "model": variant.model,
+        "agent": variant.adapter,
+        "agent_is_standin": is_standin,
+        "task": {"id": task.id, "repo": task.repo, "base_sha": task.base_sha},
+        "sandbox": state.sandbox_info or {"backend": variant.environment.sandbox},
+        "hangar_version": importlib.metadata.version("hangar-dagster"),
+        "started_at": started_at.isoformat(),
+    }
+    trace: dict[str, Any] = {
+        "agent_is_standin": is_standin,
+        "outcome_class": outcome,
+        "infra_reason": state.infra_reason,
+        "error": state.error,
+        "agent_exit_code": run.exit_code if run else None,
+        "agent_timed_out": run.timed_out if run else False,
+        "events": run.events if run else [],
+        "turns": run.turns if run else 0,
+        "tokens_in": run.tokens_in if run else 0,
+        "tokens_out": run.tokens_out if run else 0,
+        "cost_usd": run.cost_usd if run else 0.0,
+        "fingerprint": run.fingerprint if run else {},
+        "verify": state.verify,
+        "canary_seen_in": canary_hits(texts, canary),
+    }
+    manifest, trace = mask(manifest, canary), mask(trace, canary)
+    patch_out = mask(state.patch, canary)
+    art.mkdir(parents=True, exist_ok=True)
+    _write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
+    _write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
+    _write_atomic(art / "patch.diff", patch_out)
+    _write_atomic(art / "agent.log", mask(agent_log, canary))
+    _write_atomic(art / "verify.log", mask(state.verify_log or "(no verify command ran)\n", canary))
+    if state.build_log:
+        _write_atomic(art / "build.log", mask(state.build_log, canary))
+    if state.result_md is not None:
+        _write_atomic(art / "RESULT.md", mask(state.result_md, canary))
+    finished_at = utcnow()
+    record = TrialRecord(
+        experiment_id=exp.experiment_id,
+        trial_key=req.key.key,
+        variant=req.key.variant,
+        task=req.key.task,
+        replicate=req.key.replicate,
+        attempt=req.attempt,
+        retry_of=req.retry_of,
+        run_id=req.run_id,
+        pin_set=variant.pin_set,
+        harness_digest=variant.harness_digest,
+        environment_digest=variant.environment_digest,
+        model=variant.model,
+        agent=variant.adapter,
+        agent_is_standin=is_standin,
+        base_sha=task.base_sha,
+        started_at=started_at,
+        finished_at=finished_at,
+        duration_s=time.monotonic() - started,
+        outcome_class=outcome,
+        infra_reason=state.infra_reason,
+        agent_exit_code=run.exit_code if run else None,
+        verify_passed=state.verify["passed"] if state.verify else None,
+        verify_exit_code=state.verify["exit_code"] if state.verify else None,
+        patch_sha256=hashlib.sha256(patch_out.encode()).hexdigest(),
+        patch_bytes=len(patch_out.encode()),
+        changed_files=changed_files(patch_out),
+        turns=run.turns if run else 0,
+        tokens_in=run.tokens_in if run else 0,
+        tokens_out=run.tokens_out if run else 0,
+        cost_usd=run.cost_usd if run else 0.0,
+        error=mask(state.error, canary),
+        manifest=manifest,
+        trace=trace,
+        artifacts_dir=str(art),
+    )
+    return record, state.patch

@@ -1,0 +1,44 @@
+"""Shared fixtures: an isolated HANGAR_HOME and a copy of the bundled example with its repos built."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "skills-ab"
+
+
+@pytest.fixture
+def hangar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "hangar-home"
+    monkeypatch.setenv("HANGAR_HOME", str(home))
+    # Set (not deleted) so that code which exports DAGSTER_HOME is undone after the test.
+    monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    return home
+
+
+@pytest.fixture(scope="session")
+def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The skills-ab example copied out of the checkout, with its task repos generated."""
+    dest = tmp_path_factory.mktemp("example") / "skills-ab"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    subprocess.run([sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")], check=True, capture_output=True)
+    return dest
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    env["HANGAR_HOME"] = str(home)
+    return env
+
+
+def hangar(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real ``hangar`` CLI in a subprocess against ``home``."""
+    exe = Path(sys.executable).with_name("hangar")
+    return subprocess.run([str(exe), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,151 @@
+"""hangar-grade pytest: the command it execs, and a real run that the repo's tricks cannot bend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from grading_builders import BUGGY, write
+
+from hangar_dagster.grading.hangar_grade import main, pytest_command
+from hangar_dagster.grading.junit import parse_junit
+
+HANGAR_GRADE = Path(sys.executable).with_name("hangar-grade")
+
+# Each of these would make the failing hidden test pass, or run code before pytest, if loaded.
+TRICKS = {
+    "conftest.py": (
+        "import pytest\n\n\n"
+        "@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n"
+        "    outcome.get_result().outcome = 'passed'\n"
+    ),
+    "pytest.ini": "[pytest]\naddopts = -p no:junitxml --deselect test_calc_hidden.py::test_add\n",
+    "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k zero'\n",
+    "sitecustomize.py": "import os\nos.environ['TRICK_RAN'] = 'sitecustomize ran'\n",
+    "hook.pth": "import os; os.environ['TRICK_RAN'] = 'pth ran'\n",
+}
+HIDDEN_TEST = (
+    "import os\n\nfrom calc import add\n\n\n"
+    "def test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "def test_nothing_ran_before_pytest():\n"
+    "    assert os.environ.get('TRICK_RAN') is None\n"
+    "    assert 'PYTEST_ADDOPTS' not in os.environ\n"
+)
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    return {
+        "HANGAR_HIDDEN_TESTS": str(tmp_path / "hidden"),
+        "HANGAR_REPO": str(tmp_path / "repo"),
+        "HANGAR_GRADE_JUNIT": str(tmp_path / "out" / "junit.xml"),
+    }
+
+
+def test_command_isolates_python_and_pytest(tmp_path: Path) -> None:
+    (tmp_path / "hidden").mkdir()
+    environ = {
+        **env_for(tmp_path), "PATH": "/usr/bin", "HOME": "/tmp", "PYTEST_ADDOPTS": "-x",
+        "PYTEST_PLUGINS": "evil", "PYTHONPATH": "/evil", "PYTHONSTARTUP": "/evil.py",
+        "SECRET_TOKEN": "t", "HANGAR_X": "1",
+    }  # fmt: skip
+    argv, env, cwd = pytest_command(["-q", "-k", "add"], environ)
+    assert argv[:5] == [sys.executable, "-I", "-B", "-m", "pytest"]
+    for flag in ("--noconftest", "-p", "no:cacheprovider", "hangar_dagster.grading.pytest_plugin"):
+        assert flag in argv
+    assert argv[argv.index("-c") + 1] == "/dev/null"
+    assert argv[argv.index("--rootdir") + 1] == str(tmp_path / "hidden")
+    assert argv[argv.index("--junitxml") + 1] == str(tmp_path / "out" / "junit.xml")
+    assert "addopts=" in argv
+    assert argv[-4:] == ["-q", "-k", "add", str(tmp_path / "hidden")]
+    assert cwd == str(tmp_path / "hidden")
+    assert env == {
+        **env_for(tmp_path), "PATH": "/usr/bin", "HOME": "/tmp",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "usage: hangar-grade pytest"),
+        (["jest"], "unknown subcommand 'jest'"),
+        (["pytest"], "not set"),
+    ],
+)
+def test_bad_use_exits_2_with_a_clear_message(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_hidden_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="HANGAR_HIDDEN_TESTS=.* is not a directory"):
+        pytest_command([], env_for(tmp_path))
+
+
+def layout(tmp_path: Path, hidden_inside_repo: bool) -> dict[str, str]:
+    """The buggy repo with every trick, and the hidden tests beside it or inside it."""
+    repo = tmp_path / "repo"
+    hidden = repo / ".hidden" if hidden_inside_repo else tmp_path / "hidden"
+    write(repo, {"calc.py": BUGGY, **TRICKS})
+    write(hidden, {"test_calc_hidden.py": HIDDEN_TEST})
+    (tmp_path / "out").mkdir()
+    return {**env_for(tmp_path), "HANGAR_HIDDEN_TESTS": str(hidden)}
+
+
+def test_control_plain_pytest_is_fooled_by_the_tricks(tmp_path: Path) -> None:
+    # Shows the tricks work when loaded, so the test below can fail.
+    env = layout(tmp_path, hidden_inside_repo=True)
+    hidden = env["HANGAR_HIDDEN_TESTS"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", hidden]
+    proc = subprocess.run(
+        argv,
+        cwd=tmp_path / "repo",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "repo")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("hidden_inside_repo", [False, True])
+def test_real_run_ignores_repo_conftest_ini_pth_and_env(
+    tmp_path: Path, hidden_inside_repo: bool
+) -> None:
+    # As the grader runs it: from the repo as cwd. PYTEST_ADDOPTS would deselect test_add.
+    env = {**layout(tmp_path, hidden_inside_repo), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTEST_ADDOPTS": "-k zero"}  # fmt: skip
+    proc = subprocess.run(
+        [str(HANGAR_GRADE), "pytest", "-q"], cwd=tmp_path / "repo", env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = parse_junit(tmp_path / "out" / "junit.xml")
+    assert result.ok
+    assert dict(result.cases) == {
+        "test_calc_hidden::test_add": "failed",  # the conftest would have turned this into a pass
+        "test_calc_hidden::test_nothing_ran_before_pytest": "passed",
+    }
+    # No cache and no bytecode written next to the hidden tests or in the repo.
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.name in ("__pycache__", ".pytest_cache")]
+    assert leftovers == []
+
+
+def test_real_run_passes_a_fixed_repo(tmp_path: Path) -> None:
+    write(tmp_path / "repo", {"calc.py": "def add(a, b):\n    return a + b\n"})
+    write(tmp_path / "hidden", {"test_calc_hidden.py": HIDDEN_TEST})
+    env = {**env_for(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [str(HANGAR_GRADE), "pytest", "-q"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert parse_junit(tmp_path / "out" / "junit.xml").counts["passed"] == 2

@@ -1,0 +1,95 @@
+"""End to end through Dagster on the bundled example: spec -> pins -> base checks -> trials -> grades -> index."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from tests.conftest import hangar
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    home = tmp_path_factory.mktemp("e2e") / "home"
+    result = hangar("experiment", "run", str(example_dir / "experiment.yaml"), "--wait", home=home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    experiment_id = result.stdout.split("submitted ")[1].split()[0]
+    return home, experiment_id, result.stdout
+
+
+def test_run_prints_summary_and_where_to_look(finished: tuple[Path, str, str]) -> None:
+    home, experiment_id, out = finished
+    for expected in ("pass rate (pts)", "plain", "skill", "hangar ui", str(home / "hangar.duckdb"), "stand-in"):
+        assert expected in out
+
+
+def test_all_eighteen_trials_are_graded_and_the_variants_differ(finished: tuple[Path, str, str]) -> None:
+    home, experiment_id, _ = finished
+    con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    try:
+        n_trials = con.execute("select count(*) from trials where experiment_id = ?", [experiment_id]).fetchone()
+        n_grades = con.execute("select count(*) from grades where experiment_id = ?", [experiment_id]).fetchone()
+        rates = dict(con.execute(
+            "select variant, pass_rate_pts from variant_summary where experiment_id = ?", [experiment_id]
+        ).fetchall())
+        invalid = con.execute("select count(*) from base_checks where experiment_id = ? and invalid", [experiment_id]).fetchone()
+    finally:
+        con.close()
+    assert n_trials == (18,) and n_grades == (18,)
+    assert set(rates) == {"plain", "skill"}
+    assert rates["skill"] > rates["plain"]
+    assert invalid == (0,)
+
+
+def test_every_stage_is_a_successful_dagster_run_with_partition_materializations(finished: tuple[Path, str, str]) -> None:
+    home, experiment_id, _ = finished
+    os.environ["DAGSTER_HOME"] = str(home / "dagster")
+    try:
+        with dg.DagsterInstance.get() as instance:
+            runs = instance.get_runs(dg.RunsFilter(tags={"hangar/experiment": experiment_id}))
+            assert sorted(r.tags["hangar/stage"] for r in runs) == sorted(["spec", "pin_sets", "base_checks", "trials", "index"])
+            assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+            mats = instance.fetch_materializations(dg.AssetKey([experiment_id, "trials"]), limit=100).records
+            partitions = {m.asset_materialization.partition for m in mats if m.asset_materialization}
+            assert len(partitions) == 18
+            meta = mats[0].asset_materialization.metadata if mats[0].asset_materialization else {}
+            assert meta["attempt"].value == 1
+            assert "stand-in" in str(meta["agent"].value)
+    finally:
+        del os.environ["DAGSTER_HOME"]
+
+
+def test_get_json_and_export(finished: tuple[Path, str, str], tmp_path: Path) -> None:
+    home, experiment_id, _ = finished
+    got = hangar("experiment", "get", "skills-ab", "--json", home=home)
+    assert got.returncode == 0, got.stderr
+    data = json.loads(got.stdout)
+    assert data["experiment"]["experiment_id"] == experiment_id
+    assert len(data["trials"]) == 18
+    assert "HANGAR-CANARY-" not in got.stdout.replace("HANGAR-CANARY-[masked]", "")
+    out = tmp_path / "export"
+    exported = hangar("experiment", "export", experiment_id, "-o", str(out), home=home)
+    assert exported.returncode == 0, exported.stderr
+    index = json.loads((out / "index.json").read_text())
+    assert len(index["index"]) == 18
+    manifests = list(out.glob("trials/*/attempt-1/manifest.json"))
+    traces = list(out.glob("trials/*/attempt-1/trace.json"))
+    assert len(manifests) == 18 and len(traces) == 18
+
+
+def test_resume_keeps_finished_trials(finished: tuple[Path, str, str]) -> None:
+    home, experiment_id, _ = finished
+    again = hangar("experiment", "resume", experiment_id, home=home)
+    assert again.returncode == 0, again.stderr
+    con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    try:
+        assert con.execute("select max(attempt), count(*) from trials where experiment_id = ?", [experiment_id]).fetchone() == (1, 18)
+    finally:
+        con.close()
