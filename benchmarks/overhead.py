@@ -44,7 +44,11 @@ def p90(xs: list[float]) -> float:
 def make_spec(work: Path, trials: int) -> Path:
     example = work / "example"
     shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run([sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")],
+        check=True,
+        capture_output=True,
+    )
     spec = yaml.safe_load((example / "experiment.yaml").read_text())
     spec["name"] = "overhead-bench"
     spec["tasks"] = spec["tasks"][:1]
@@ -68,7 +72,9 @@ def _pool_trial(args: tuple[str, str, int]) -> tuple[float, float]:
     paths = HangarPaths(Path(home))
     exp = load_resolved(paths, experiment_id)
     key = TrialKey("plain", next(iter(exp.tasks)), rep)
-    record, patch = run_trial(TrialRequest(experiment=exp, key=key, attempt=1, retry_of=None, run_id="pool"), paths)
+    record, patch = run_trial(
+        TrialRequest(experiment=exp, key=key, attempt=1, retry_of=None, run_id="pool"), paths
+    )
     grade = grade_trial(exp, record, patch, None, "pool", paths)
     return record.duration_s + grade.duration_s, record.duration_s + grade.duration_s
 
@@ -97,7 +103,12 @@ def run_pipeline(spec: Path, home: Path) -> tuple[float, list[float], float]:
     env.pop("DAGSTER_HOME", None)
     hangar = Path(sys.executable).with_name("hangar")
     start = time.perf_counter()
-    subprocess.run([str(hangar), "experiment", "run", str(spec), "--wait"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [str(hangar), "experiment", "run", str(spec), "--wait"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     wall = time.perf_counter() - start
     import duckdb
 
@@ -131,10 +142,16 @@ def main() -> None:
     trial_median = pipe_work / n
     print(f"trials: {n} (serial, one task, scripted stand-in agent)")
     print(f"{'path':<10}{'wall s':>9}{'work s':>9}{'overhead/trial median s':>26}{'p90 s':>8}")
-    print(f"{'pipeline':<10}{pipe_wall:>9.2f}{pipe_work:>9.2f}{statistics.median(pipe_over):>26.3f}{p90(pipe_over):>8.3f}")
-    print(f"{'pool':<10}{pool_wall:>9.2f}{pool_work:>9.2f}{statistics.median(pool_over):>26.3f}{p90(pool_over):>8.3f}")
+    print(
+        f"{'pipeline':<10}{pipe_wall:>9.2f}{pipe_work:>9.2f}{statistics.median(pipe_over):>26.3f}{p90(pipe_over):>8.3f}"
+    )
+    print(
+        f"{'pool':<10}{pool_wall:>9.2f}{pool_work:>9.2f}{statistics.median(pool_over):>26.3f}{p90(pool_over):>8.3f}"
+    )
     print(f"ratio pipeline/pool wall: {pipe_wall / pool_wall:.2f}")
-    print(f"pipeline overhead per trial / mean trial work: {statistics.median(pipe_over) / trial_median:.2f}")
+    print(
+        f"pipeline overhead per trial / mean trial work: {statistics.median(pipe_over) / trial_median:.2f}"
+    )
 
 
 if __name__ == "__main__":

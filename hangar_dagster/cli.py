@@ -21,7 +21,9 @@ from rich.table import Table
 from hangar_dagster.config import HangarPaths, ensure_dagster_home, paths
 from hangar_dagster.spec import SpecError, json_schema
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Experiments on coding agents, on Dagster.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Experiments on coding agents, on Dagster."
+)
 experiment = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 app.add_typer(experiment, name="experiment")
 console = Console()
@@ -45,7 +47,9 @@ def _store(p: HangarPaths) -> Any:
 def _find(p: HangarPaths, name_or_id: str) -> Any:
     record = _store(p).find_experiment(name_or_id)
     if record is None:
-        err.print(f"[red]no experiment {name_or_id!r} under {p.home}[/] (`hangar experiment run SPEC` submits one)")
+        err.print(
+            f"[red]no experiment {name_or_id!r} under {p.home}[/] (`hangar experiment run SPEC` submits one)"
+        )
         raise typer.Exit(2)
     return record
 
@@ -55,23 +59,37 @@ def _summary_table(summary: list[dict[str, Any]], title: str) -> Table:
     for col in ("variant", "trials", "passed", "pass rate (pts)", "infra errors"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for row in summary:
-        table.add_row(row["variant"], str(row["trials"]), str(row["passed"]), f"{row['pass_rate_pts']}", str(row.get("infra_error", 0)))
+        table.add_row(
+            row["variant"],
+            str(row["trials"]),
+            str(row["passed"]),
+            f"{row['pass_rate_pts']}",
+            str(row.get("infra_error", 0)),
+        )
     return table
 
 
 def _where_next(p: HangarPaths, experiment_id: str) -> None:
     console.print("\nWhere to look next:")
-    console.print("  UI (assets, partitions, lineage):  [bold]hangar ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)")
-    console.print(f"  DuckDB (analysts):                 [bold]{p.duckdb}[/]  e.g. select * from variant_summary")
+    console.print(
+        "  UI (assets, partitions, lineage):  [bold]hangar ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)"
+    )
+    console.print(
+        f"  DuckDB (analysts):                 [bold]{p.duckdb}[/]  e.g. select * from variant_summary"
+    )
     console.print(f"  Parquet:                           {p.parquet}")
     console.print(f"  Index:                             hangar experiment get {experiment_id}")
-    console.print(f"  Export:                            hangar experiment export {experiment_id} -o out/{experiment_id}")
+    console.print(
+        f"  Export:                            hangar experiment export {experiment_id} -o out/{experiment_id}"
+    )
 
 
 @experiment.command("run")
 def run_cmd(
     spec: Annotated[Path, typer.Argument(help="The experiment spec (YAML).")],
-    wait: Annotated[bool, typer.Option("--wait", help="Run the stages here and wait for the index.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Run the stages here and wait for the index.")
+    ] = False,
 ) -> None:
     """Validate and submit SPEC; with --wait, run it to its index and print the summary."""
     from hangar_dagster.submit import submit
@@ -82,13 +100,18 @@ def run_cmd(
     except SpecError as e:
         err.print(f"[red]refused:[/] {e}")
         raise typer.Exit(2) from None
-    console.print(f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)")
+    console.print(
+        f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
+    )
+    ensure_dagster_home()  # the daemon and the UI need the instance even before a run
     _notify_webserver()
     if not wait:
         from hangar_dagster.sensors import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
-        console.print("queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it")
+        console.print(
+            "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
+        )
         return
     _drive(p, exp)
 
@@ -103,7 +126,13 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
 
 
 def _drive(p: HangarPaths, exp: Any) -> None:
+    import warnings
+
     import dagster as dg
+
+    # Beta/preview notices about APIs we pin deliberately are noise to a CLI user.
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
     from hangar_dagster.runner import StageFailed, run_stages
 
@@ -115,7 +144,9 @@ def _drive(p: HangarPaths, exp: Any) -> None:
             err.print(f"[red]{e}[/]")
             raise typer.Exit(1) from None
     store = _store(p)
-    console.print(_summary_table(store.summary(exp.experiment_id), f"{exp.name} ({exp.experiment_id})"))
+    console.print(
+        _summary_table(store.summary(exp.experiment_id), f"{exp.name} ({exp.experiment_id})")
+    )
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
     _where_next(p, exp.experiment_id)
@@ -123,7 +154,9 @@ def _drive(p: HangarPaths, exp: Any) -> None:
 
 @experiment.command("get")
 def get_cmd(
-    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name (the latest with that name).")],
+    name_or_id: Annotated[
+        str, typer.Argument(help="Experiment id or name (the latest with that name).")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
 ) -> None:
     """Show an experiment's pins, summary and per-trial index."""
@@ -136,8 +169,12 @@ def get_cmd(
     canary = load_resolved(p, record.experiment_id).canary
     out = {
         "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
-        "pins": {v: pin.model_dump(mode="json") for v, pin in store.pins(record.experiment_id).items()},
-        "base_checks": {t: c.model_dump(mode="json") for t, c in store.base_checks(record.experiment_id).items()},
+        "pins": {
+            v: pin.model_dump(mode="json") for v, pin in store.pins(record.experiment_id).items()
+        },
+        "base_checks": {
+            t: c.model_dump(mode="json") for t, c in store.base_checks(record.experiment_id).items()
+        },
         "summary": store.summary(record.experiment_id),
         "trials": store.index(record.experiment_id),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
@@ -146,7 +183,9 @@ def get_cmd(
     if as_json:
         print(json.dumps(out, indent=2))
         return
-    console.print(f"[bold]{record.experiment_id}[/]  {record.name} by {record.author}, submitted {record.submitted_at:%Y-%m-%d %H:%M %Z}")
+    console.print(
+        f"[bold]{record.experiment_id}[/]  {record.name} by {record.author}, submitted {record.submitted_at:%Y-%m-%d %H:%M %Z}"
+    )
     for variant, pin in out["pins"].items():
         console.print(f"  {variant}: {pin['pin_set']}  {pin['harness_lock']}  model {pin['model']}")
     for task, check in out["base_checks"].items():
@@ -160,8 +199,13 @@ def get_cmd(
         counts = row.get("hidden_tests") or {}
         grade = "-" if row.get("passed") is None else ("pass" if row["passed"] else "fail")
         table.add_row(
-            row["trial_key"], str(row["attempt"]), row["outcome_class"], str(row.get("verify_passed")), grade,
-            str(row.get("trust") or "-"), f"{counts.get('passed', 0)}/{counts.get('total', 0)}" if counts else "-",
+            row["trial_key"],
+            str(row["attempt"]),
+            row["outcome_class"],
+            str(row.get("verify_passed")),
+            grade,
+            str(row.get("trust") or "-"),
+            f"{counts.get('passed', 0)}/{counts.get('total', 0)}" if counts else "-",
             f"{row.get('duration_s', 0):.1f}",
         )
     console.print(table)
@@ -172,7 +216,9 @@ def get_cmd(
 @experiment.command("export")
 def export_cmd(
     name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write index.json and trials/ into.")],
+    out: Annotated[
+        Path, typer.Option("-o", "--out", help="Folder to write index.json and trials/ into.")
+    ],
 ) -> None:
     """Write index.json and each trial's manifest.json and trace.json (canary masked)."""
     from hangar_dagster.export import export_experiment
@@ -180,12 +226,16 @@ def export_cmd(
 
     p = paths()
     record = _find(p, name_or_id)
-    target = export_experiment(_store(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary)
+    target = export_experiment(
+        _store(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary
+    )
     console.print(f"exported {record.experiment_id} to {target}")
 
 
 @experiment.command("schema")
-def schema_cmd(out: Annotated[Path | None, typer.Option("-o", help="Write here instead of stdout.")] = None) -> None:
+def schema_cmd(
+    out: Annotated[Path | None, typer.Option("-o", help="Write here instead of stdout.")] = None,
+) -> None:
     """Print the experiment spec's JSON schema (experiment.schema.json is generated by this)."""
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
     if out is None:
@@ -220,12 +270,16 @@ def _notify_webserver() -> None:
 
     query = 'mutation { reloadRepositoryLocation(repositoryLocationName: "hangar") { __typename } }'
     req = urllib.request.Request(
-        url.rstrip("/") + "/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+        url.rstrip("/") + "/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
     )
     try:
         urllib.request.urlopen(req, timeout=10).read()
     except OSError as e:
-        err.print(f"[yellow]could not reach the webserver at {url} to reload it ({e}); use Reload in the UI[/]")
+        err.print(
+            f"[yellow]could not reach the webserver at {url} to reload it ({e}); use Reload in the UI[/]"
+        )
 
 
 def main() -> None:

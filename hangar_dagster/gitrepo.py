@@ -56,7 +56,9 @@ def resolve_base(repo: str, ref: str) -> str:
     """The full SHA ``ref`` names in ``repo`` (a commit, tag or branch)."""
     if Path(repo).exists():
         try:
-            return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=Path(repo)).strip()
+            return git(
+                "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=Path(repo)
+            ).strip()
         except GitError:
             raise GitError(f"{repo}: no commit, tag or branch named {ref!r}") from None
     if _SHA.match(ref):

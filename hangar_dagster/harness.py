@@ -72,7 +72,9 @@ class HarnessLock:
 def _read_config(root: Path) -> dict[str, Any]:
     manifest = root / MANIFEST
     if not manifest.is_file():
-        raise HarnessError(f"{root}: no {MANIFEST}; a harness names at least agent.adapter and model")
+        raise HarnessError(
+            f"{root}: no {MANIFEST}; a harness names at least agent.adapter and model"
+        )
     data = yaml.safe_load(manifest.read_text())
     if not isinstance(data, dict):
         raise HarnessError(f"{manifest}: expected a mapping")
@@ -92,10 +94,14 @@ def load_lock(registry: Path, ref: str) -> HarnessLock:
         raise HarnessError(f"harness lock {ref} is not in the registry {registry}")
     actual = tree_digest(path)
     if actual != digest:
-        raise HarnessError(f"harness lock {ref} was changed after it was frozen: its content hashes to sha256:{actual}")
+        raise HarnessError(
+            f"harness lock {ref} was changed after it was frozen: its content hashes to sha256:{actual}"
+        )
     config = _read_config(path)
     if config["name"] != name:
-        raise HarnessError(f"harness lock {ref}: harness.yaml names {config['name']!r}, not {name!r}")
+        raise HarnessError(
+            f"harness lock {ref}: harness.yaml names {config['name']!r}, not {name!r}"
+        )
     return HarnessLock(name=name, digest=digest, path=path, config=config)
 
 

@@ -8,7 +8,9 @@ from hangar_dagster.assets.experiment import STAGES, TAG_EXPERIMENT, TAG_STAGE, 
 from hangar_dagster.plan import ResolvedExperiment
 
 
-def build_experiment_jobs(exp: ResolvedExperiment, assets: list[dg.AssetsDefinition]) -> list[dg.UnresolvedAssetJobDefinition]:
+def build_experiment_jobs(
+    exp: ResolvedExperiment, assets: list[dg.AssetsDefinition]
+) -> list[dg.UnresolvedAssetJobDefinition]:
     """One job per stage; each stage is one run over all its partitions (in-process: no per-step process)."""
     by_name = {a.key.path[-1]: a for a in assets}
     # Trials and grades share a run: both are partitioned alike, and a grade follows its trial.
@@ -16,7 +18,9 @@ def build_experiment_jobs(exp: ResolvedExperiment, assets: list[dg.AssetsDefinit
     selections["trials"].append(by_name["grades"])
     return [
         dg.define_asset_job(
-            job_name(exp, stage), selection=sel, executor_def=dg.in_process_executor,
+            job_name(exp, stage),
+            selection=sel,
+            executor_def=dg.in_process_executor,
             tags={TAG_EXPERIMENT: exp.experiment_id, TAG_STAGE: stage},
         )
         for stage, sel in selections.items()

@@ -10,7 +10,7 @@ from hangar_dagster.config import HangarPaths
 from hangar_dagster.store import Store
 
 
-class HangarResource(dg.ConfigurableResource):  # type: ignore[misc]
+class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """Where hangar keeps its state (``HANGAR_HOME``); assets read and write through it."""
 
     home: str

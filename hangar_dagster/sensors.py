@@ -15,7 +15,9 @@ from hangar_dagster.submit import stored_experiments
 DAEMON_MARKER = "drive-by-daemon"  # written by `hangar experiment run` without --wait
 
 
-def next_stage_requests(instance: dg.DagsterInstance, paths: HangarPaths) -> Iterator[dg.RunRequest]:
+def next_stage_requests(
+    instance: dg.DagsterInstance, paths: HangarPaths
+) -> Iterator[dg.RunRequest]:
     """For each daemon-driven experiment, the next stage whose predecessors all succeeded."""
     for exp in stored_experiments(paths):
         if not (paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists():
@@ -25,18 +27,24 @@ def next_stage_requests(instance: dg.DagsterInstance, paths: HangarPaths) -> Ite
         for run in runs:  # newest first
             latest.setdefault(run.tags.get(TAG_STAGE, ""), run)
         for stage in STAGES:
-            run = latest.get(stage)
-            if run is None:
+            stage_run = latest.get(stage)
+            if stage_run is None:
                 yield dg.RunRequest(
-                    run_key=f"{exp.experiment_id}:{stage}", job_name=job_name(exp, stage), tags=stage_tags(exp, stage)
+                    run_key=f"{exp.experiment_id}:{stage}",
+                    job_name=job_name(exp, stage),
+                    tags=stage_tags(exp, stage),
                 )
                 break
-            if run.status != dg.DagsterRunStatus.SUCCESS:
+            if stage_run.status != dg.DagsterRunStatus.SUCCESS:
                 break  # still running, or failed: a person looks before anything else starts
 
 
-def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition], home: str) -> dg.SensorDefinition:
-    @dg.sensor(jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING)
+def build_experiment_driver(
+    jobs: list[dg.UnresolvedAssetJobDefinition], home: str
+) -> dg.SensorDefinition:
+    @dg.sensor(
+        jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
+    )
     def experiment_driver(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
         yield from next_stage_requests(context.instance, HangarPaths(Path(home)))
 

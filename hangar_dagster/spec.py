@@ -53,7 +53,9 @@ class Environment(_Strict):
         "bwrap", description="Sandbox backend a trial runs in (see docs/architecture.md)."
     )
     image: str | None = Field(None, description="Container image by digest (Docker/K8s backends).")
-    build: list[str] = Field(default_factory=list, description="Commands run once in the clone before the agent starts.")
+    build: list[str] = Field(
+        default_factory=list, description="Commands run once in the clone before the agent starts."
+    )
     egress: Egress = Field(default_factory=Egress)  # type: ignore[arg-type]
     resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
     isolation: Literal["namespaces"] = "namespaces"
@@ -73,7 +75,9 @@ class Grader(_Strict):
     files_mode: Literal["hidden", "in_repo"] = Field(
         "hidden", description="in_repo is the old layout (files written into the repo): trust low."
     )
-    canary: str | None = Field(None, description="Generated per experiment when unset; never reuse one.")
+    canary: str | None = Field(
+        None, description="Generated per experiment when unset; never reuse one."
+    )
     timeout_s: int = Field(300, ge=1)
 
 
@@ -81,7 +85,9 @@ class Task(_Strict):
     id: str = Field(..., description="Unique within the experiment; letters, digits, _ and -.")
     instructions: str = Field(..., min_length=1)
     repo: str = Field(..., description="Git URL, or a path (relative to the spec file).")
-    base: str = Field(..., min_length=1, description="Commit, tag or branch; resolved to a full SHA at submit.")
+    base: str = Field(
+        ..., min_length=1, description="Commit, tag or branch; resolved to a full SHA at submit."
+    )
     verify: str | None = Field(None, description="The visible check the agent may run.")
     reference_patch: str | None = Field(
         None,
@@ -96,7 +102,9 @@ class Task(_Strict):
 
 
 class Variant(_Strict):
-    harness_lock: str | None = Field(None, description="name@sha256:<digest> in the harness registry.")
+    harness_lock: str | None = Field(
+        None, description="name@sha256:<digest> in the harness registry."
+    )
     environment: Environment | None = None
     tasks: list[str] | None = Field(None, description="Run only these tasks (default: all).")
     # The deprecated overlay form (issue #4 runs it; each use gets a deprecation note).
@@ -123,7 +131,8 @@ class ExperimentSpec(_Strict):
     description: str | None = None
     author: str | None = Field(None, description="Defaults to $USER at submit.")
     harness_repo: str | None = Field(
-        None, description="Harness registry directory (relative to the spec); default $HANGAR_HARNESS_REPO."
+        None,
+        description="Harness registry directory (relative to the spec); default $HANGAR_HARNESS_REPO.",
     )
     environment: Environment = Field(default_factory=Environment)  # type: ignore[arg-type]
     tasks: Annotated[list[Task], Field(min_length=1)]
@@ -181,7 +190,11 @@ def _structural(err: ValidationError) -> list[Problem]:
         path = _loc(loc)
         if any(p.path == path for p in problems):
             continue
-        problems.append(Problem(path=path, message=e["msg"], fix=_FIXES.get(e["type"], "see experiment.schema.json")))
+        problems.append(
+            Problem(
+                path=path, message=e["msg"], fix=_FIXES.get(e["type"], "see experiment.schema.json")
+            )
+        )
     return problems
 
 
@@ -189,18 +202,42 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
     """Rules that cross fields; every one reported, not just the first."""
     problems: list[Problem] = []
     if not _ID.match(spec.name):
-        problems.append(Problem(path="name", message=f"{spec.name!r} is not a valid name", fix="use letters, digits, _ and - (at most 48)"))
+        problems.append(
+            Problem(
+                path="name",
+                message=f"{spec.name!r} is not a valid name",
+                fix="use letters, digits, _ and - (at most 48)",
+            )
+        )
     seen: set[str] = set()
     for i, task in enumerate(spec.tasks):
         if not _ID.match(task.id):
-            problems.append(Problem(path=f"tasks[{i}].id", message=f"{task.id!r} is not a valid task id", fix="use letters, digits, _ and - (at most 48)"))
+            problems.append(
+                Problem(
+                    path=f"tasks[{i}].id",
+                    message=f"{task.id!r} is not a valid task id",
+                    fix="use letters, digits, _ and - (at most 48)",
+                )
+            )
         if task.id in seen:
-            problems.append(Problem(path=f"tasks[{i}].id", message=f"duplicate task id {task.id!r}", fix="give every task its own id"))
+            problems.append(
+                Problem(
+                    path=f"tasks[{i}].id",
+                    message=f"duplicate task id {task.id!r}",
+                    fix="give every task its own id",
+                )
+            )
         seen.add(task.id)
     for name, variant in spec.variants.items():
         where = f"variants.{name}"
         if not _ID.match(name):
-            problems.append(Problem(path=where, message=f"{name!r} is not a valid variant name", fix="use letters, digits, _ and - (at most 48)"))
+            problems.append(
+                Problem(
+                    path=where,
+                    message=f"{name!r} is not a valid variant name",
+                    fix="use letters, digits, _ and - (at most 48)",
+                )
+            )
         overlay = variant.overlay_fields()
         if variant.harness_lock is not None and overlay:
             problems.append(
@@ -211,20 +248,55 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                 )
             )
         if variant.harness_lock is None and not overlay:
-            problems.append(Problem(path=where, message="the variant names no harness", fix="set harness_lock: name@sha256:<digest>"))
-        if variant.harness_lock is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*@sha256:[0-9a-f]{64}", variant.harness_lock):
-            problems.append(Problem(path=f"{where}.harness_lock", message=f"{variant.harness_lock!r} is not name@sha256:<64 hex digits>", fix="copy the lock's full name from `hangar harness freeze` or the registry"))
+            problems.append(
+                Problem(
+                    path=where,
+                    message="the variant names no harness",
+                    fix="set harness_lock: name@sha256:<digest>",
+                )
+            )
+        if variant.harness_lock is not None and not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9._-]*@sha256:[0-9a-f]{64}", variant.harness_lock
+        ):
+            problems.append(
+                Problem(
+                    path=f"{where}.harness_lock",
+                    message=f"{variant.harness_lock!r} is not name@sha256:<64 hex digits>",
+                    fix="copy the lock's full name from `hangar harness freeze` or the registry",
+                )
+            )
         if variant.model is not None and (why := floating_reason(variant.model)):
-            problems.append(Problem(path=f"{where}.model", message=f"floating model alias: {why}", fix="name a concrete, dated model id"))
+            problems.append(
+                Problem(
+                    path=f"{where}.model",
+                    message=f"floating model alias: {why}",
+                    fix="name a concrete, dated model id",
+                )
+            )
         for j, t in enumerate(variant.tasks or []):
             if t not in seen:
-                problems.append(Problem(path=f"{where}.tasks[{j}]", message=f"unknown task {t!r}", fix=f"use one of: {', '.join(sorted(seen))}"))
+                problems.append(
+                    Problem(
+                        path=f"{where}.tasks[{j}]",
+                        message=f"unknown task {t!r}",
+                        fix=f"use one of: {', '.join(sorted(seen))}",
+                    )
+                )
     return problems
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
     if not isinstance(data, dict):
-        raise SpecError(source, [Problem(path="(top level)", message="the spec is not a mapping", fix="write the spec as YAML keys: name, tasks, variants, ...")])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    path="(top level)",
+                    message="the spec is not a mapping",
+                    fix="write the spec as YAML keys: name, tasks, variants, ...",
+                )
+            ],
+        )
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as err:
@@ -239,11 +311,29 @@ def load_spec(path: Path) -> ExperimentSpec:
     try:
         text = path.read_text()
     except OSError as err:
-        raise SpecError(str(path), [Problem(path="(file)", message=f"cannot read the spec: {err.strerror}", fix="check the path")]) from None
+        raise SpecError(
+            str(path),
+            [
+                Problem(
+                    path="(file)",
+                    message=f"cannot read the spec: {err.strerror}",
+                    fix="check the path",
+                )
+            ],
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise SpecError(str(path), [Problem(path="(file)", message=f"not valid YAML: {err}", fix="fix the YAML syntax at the position shown")]) from None
+        raise SpecError(
+            str(path),
+            [
+                Problem(
+                    path="(file)",
+                    message=f"not valid YAML: {err}",
+                    fix="fix the YAML syntax at the position shown",
+                )
+            ],
+        ) from None
     return parse_spec(data, str(path))
 
 

@@ -131,7 +131,8 @@ class Store:
             stored = table.from_row(pq.read_table(path).to_pylist()[0])
             new = table.from_row(row)
             differ = [
-                f for f in table.model.model_fields
+                f
+                for f in table.model.model_fields
                 if f not in table.volatile and getattr(stored, f) != getattr(new, f)
             ]
             if not differ:
@@ -283,9 +284,13 @@ class Store:
     def _attempts(self, model: type[R], experiment_id: str, all_attempts: bool) -> list[R]:
         name = BY_MODEL[model].name
         # the latest attempts are the ones experiment_index picked: the rule lives there only
-        join = "" if all_attempts else (
-            "JOIN experiment_index i ON i.experiment_id = x.experiment_id "
-            "AND i.trial_key = x.trial_key AND i.attempt = x.attempt "
+        join = (
+            ""
+            if all_attempts
+            else (
+                "JOIN experiment_index i ON i.experiment_id = x.experiment_id "
+                "AND i.trial_key = x.trial_key AND i.attempt = x.attempt "
+            )
         )
         return self._records(
             model,
@@ -325,7 +330,8 @@ class Store:
 
     def notes(self, experiment_id: str) -> list[NoteRecord]:
         return self._records(
-            NoteRecord, 'SELECT * FROM notes WHERE experiment_id = ? ORDER BY "at", note_id',
+            NoteRecord,
+            'SELECT * FROM notes WHERE experiment_id = ? ORDER BY "at", note_id',
             [experiment_id],
         )
 
@@ -337,7 +343,7 @@ class Store:
         )
         prefix = probe.name.removesuffix("0.parquet")
         attempts = [
-            int(p.name[len(prefix):].removesuffix(".parquet"))
+            int(p.name[len(prefix) :].removesuffix(".parquet"))
             for p in probe.parent.glob(f"{prefix}*.parquet")
         ]
         return max(attempts, default=0) + 1
@@ -371,4 +377,3 @@ def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         }
         for row in cur.fetchall()
     ]
-

@@ -175,27 +175,50 @@ def trial_parts(key: str, attempt: int) -> list[str]:
 TABLES: tuple[Table, ...] = (
     Table("experiments", ExperimentRecord, ("experiment_id",), "refuse", lambda r: ["experiment"]),
     Table(
-        "pin_sets", PinSetRecord, ("pin_set",), "same_content", lambda r: [r["pin_set"]],
-        volatile=("created_at",), by_experiment=False,
+        "pin_sets",
+        PinSetRecord,
+        ("pin_set",),
+        "same_content",
+        lambda r: [r["pin_set"]],
+        volatile=("created_at",),
+        by_experiment=False,
     ),
     Table(
-        "experiment_pins", ExperimentPinRecord, ("experiment_id", "variant"), "same_content",
-        lambda r: [r["variant"]], volatile=("run_id",),
+        "experiment_pins",
+        ExperimentPinRecord,
+        ("experiment_id", "variant"),
+        "same_content",
+        lambda r: [r["variant"]],
+        volatile=("run_id",),
     ),
     Table(
-        "base_checks", BaseCheckRecord, ("experiment_id", "task"), "same_content",
-        lambda r: [r["task"]], volatile=("checked_at", "run_id"),
+        "base_checks",
+        BaseCheckRecord,
+        ("experiment_id", "task"),
+        "same_content",
+        lambda r: [r["task"]],
+        volatile=("checked_at", "run_id"),
     ),
     Table(
-        "trials", TrialRecord, ("experiment_id", "trial_key", "attempt"), "refuse",
+        "trials",
+        TrialRecord,
+        ("experiment_id", "trial_key", "attempt"),
+        "refuse",
         lambda r: trial_parts(r["trial_key"], r["attempt"]),
     ),
     Table(
-        "grades", GradeRecord, ("experiment_id", "trial_key", "attempt"), "refuse",
+        "grades",
+        GradeRecord,
+        ("experiment_id", "trial_key", "attempt"),
+        "refuse",
         lambda r: trial_parts(r["trial_key"], r["attempt"]),
     ),
     Table(
-        "notes", NoteRecord, ("note_id",), "append", lambda r: [r["note_id"]],
+        "notes",
+        NoteRecord,
+        ("note_id",),
+        "append",
+        lambda r: [r["note_id"]],
         generated=(Column("note_id", "VARCHAR", False),),
     ),
 )
@@ -223,7 +246,9 @@ LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task
 QUALIFY row_number() OVER (
   PARTITION BY t.experiment_id, t.trial_key ORDER BY t.attempt DESC) = 1"""
 
-_ADMISSIBLE = "outcome_class <> 'infra_error'"
+# Infra errors are excluded (they are retried), and so are grades of invalid tasks (hidden
+# tests that pass on the base can't tell a fix from no fix).
+_ADMISSIBLE = "outcome_class <> 'infra_error' AND NOT coalesce(task_invalid, false)"
 SUMMARY_VIEW = f"""CREATE OR REPLACE VIEW variant_summary AS
 SELECT experiment_id, variant,
   count(*) AS trials,
@@ -232,6 +257,7 @@ SELECT experiment_id, variant,
   round(100 * (count(*) FILTER (WHERE {_ADMISSIBLE} AND passed))::DOUBLE
     / nullif(count(*) FILTER (WHERE {_ADMISSIBLE} AND passed IS NOT NULL), 0), 1)
     AS pass_rate_pts,
+  count(*) FILTER (WHERE task_invalid) AS invalid_task,
   {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)}
 FROM experiment_index
 GROUP BY experiment_id, variant"""

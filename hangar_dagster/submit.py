@@ -39,7 +39,13 @@ def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]
         return dict(task.hidden_tests)
     root = (spec_dir / task.hidden_tests).resolve()
     if not root.is_dir():
-        problems.append(Problem(path=f"{where}.hidden_tests", message=f"{root} is not a directory", fix="point it at the folder of hidden test files, relative to the spec"))
+        problems.append(
+            Problem(
+                path=f"{where}.hidden_tests",
+                message=f"{root} is not a directory",
+                fix="point it at the folder of hidden test files, relative to the spec",
+            )
+        )
         return {}
     files: dict[str, str] = {}
     total = 0
@@ -49,7 +55,13 @@ def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]
             total += len(data)
             files[path.relative_to(root).as_posix()] = data
     if not files or total > MAX_HIDDEN_BYTES:
-        problems.append(Problem(path=f"{where}.hidden_tests", message=f"{root} holds {'no files' if not files else f'{total} bytes'}", fix=f"put 1 to {MAX_HIDDEN_BYTES} bytes of test files there"))
+        problems.append(
+            Problem(
+                path=f"{where}.hidden_tests",
+                message=f"{root} holds {'no files' if not files else f'{total} bytes'}",
+                fix=f"put 1 to {MAX_HIDDEN_BYTES} bytes of test files there",
+            )
+        )
     return files
 
 
@@ -61,10 +73,22 @@ def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Probl
     try:
         text = path.read_text()
     except OSError:
-        problems.append(Problem(path=f"{where}.reference_patch", message=f"cannot read {path}", fix="give a diff file relative to the spec, or the diff text itself"))
+        problems.append(
+            Problem(
+                path=f"{where}.reference_patch",
+                message=f"cannot read {path}",
+                fix="give a diff file relative to the spec, or the diff text itself",
+            )
+        )
         return None
     if "diff --git" not in text and not text.startswith("---"):
-        problems.append(Problem(path=f"{where}.reference_patch", message=f"{path} is not a diff", fix="write it with `git diff`"))
+        problems.append(
+            Problem(
+                path=f"{where}.reference_patch",
+                message=f"{path} is not a diff",
+                fix="write it with `git diff`",
+            )
+        )
     return text
 
 
@@ -90,11 +114,23 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
         try:
             base_sha = resolve_base(repo, task.base)
         except GitError as err:
-            problems.append(Problem(path=f"{where}.base", message=str(err), fix="name a commit, tag or branch that exists in the repo"))
+            problems.append(
+                Problem(
+                    path=f"{where}.base",
+                    message=str(err),
+                    fix="name a commit, tag or branch that exists in the repo",
+                )
+            )
             base_sha = ""
         hidden = _read_hidden(task, where, spec_dir, problems)
         if not hidden and not spec.grader.files:
-            problems.append(Problem(path=f"{where}.hidden_tests", message="the task has no hidden tests", fix="set hidden_tests, or grader.files for every task"))
+            problems.append(
+                Problem(
+                    path=f"{where}.hidden_tests",
+                    message="the task has no hidden tests",
+                    fix="set hidden_tests, or grader.files for every task",
+                )
+            )
         tasks[task.id] = ResolvedTask(
             id=task.id,
             instructions=task.instructions,
@@ -111,21 +147,51 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
     for name, variant in spec.variants.items():
         where = f"variants.{name}"
         if variant.harness_lock is None:
-            problems.append(Problem(path=where, message="overlay variants (harness/model/skills fields) cannot run in this version", fix="freeze the configuration into a harness lock and set harness_lock"))
+            problems.append(
+                Problem(
+                    path=where,
+                    message="overlay variants (harness/model/skills fields) cannot run in this version",
+                    fix="freeze the configuration into a harness lock and set harness_lock",
+                )
+            )
             continue
         if registry is None:
-            problems.append(Problem(path="harness_repo", message="no harness registry is set", fix="set harness_repo in the spec or the HANGAR_HARNESS_REPO environment variable"))
+            problems.append(
+                Problem(
+                    path="harness_repo",
+                    message="no harness registry is set",
+                    fix="set harness_repo in the spec or the HANGAR_HARNESS_REPO environment variable",
+                )
+            )
             continue
         try:
             lock = load_lock(registry, variant.harness_lock)
         except HarnessError as err:
-            problems.append(Problem(path=f"{where}.harness_lock", message=str(err), fix="freeze the harness again and use the new name"))
+            problems.append(
+                Problem(
+                    path=f"{where}.harness_lock",
+                    message=str(err),
+                    fix="freeze the harness again and use the new name",
+                )
+            )
             continue
         if why := floating_reason(lock.model):
-            problems.append(Problem(path=f"{where}.harness_lock", message=f"the lock's model is a floating alias: {why}", fix="freeze a lock with a concrete, dated model id"))
+            problems.append(
+                Problem(
+                    path=f"{where}.harness_lock",
+                    message=f"the lock's model is a floating alias: {why}",
+                    fix="freeze a lock with a concrete, dated model id",
+                )
+            )
         environment = variant.environment or spec.environment
         if environment.egress.mode != "none":
-            problems.append(Problem(path=f"{where}.environment.egress.mode", message=f"{environment.egress.mode!r} needs an egress proxy, which the local sandbox does not have", fix="use egress mode none on the local sandbox"))
+            problems.append(
+                Problem(
+                    path=f"{where}.environment.egress.mode",
+                    message=f"{environment.egress.mode!r} needs an egress proxy, which the local sandbox does not have",
+                    fix="use egress mode none on the local sandbox",
+                )
+            )
         run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
         env_digest = environment_digest(environment)
         content = pin_content(
@@ -199,12 +265,18 @@ def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
 
 
 def load_resolved(paths: HangarPaths, experiment_id: str) -> ResolvedExperiment:
-    return ResolvedExperiment.model_validate_json((paths.experiment_dir(experiment_id) / RESOLVED).read_text())
+    return ResolvedExperiment.model_validate_json(
+        (paths.experiment_dir(experiment_id) / RESOLVED).read_text()
+    )
 
 
 def stored_experiments(paths: HangarPaths) -> list[ResolvedExperiment]:
     """Every submitted experiment, oldest first (the definitions are built from these)."""
     if not paths.experiments.is_dir():
         return []
-    found = [load_resolved(paths, d.name) for d in paths.experiments.iterdir() if (d / RESOLVED).is_file()]
+    found = [
+        load_resolved(paths, d.name)
+        for d in paths.experiments.iterdir()
+        if (d / RESOLVED).is_file()
+    ]
     return sorted(found, key=lambda e: e.submitted_at)

@@ -29,8 +29,8 @@ from hangar_dagster.agents import Agent, AgentContext, AgentRun, UnknownAgent, g
 from hangar_dagster.agents.standin import sandbox_path
 from hangar_dagster.canary import mask
 from hangar_dagster.config import HangarPaths
+from hangar_dagster.fsutil import remove_tree, write_atomic
 from hangar_dagster.gitrepo import GitError, changed_files, git, isolated_clone, take_patch
-from hangar_dagster.grading.grader import _remove_tree, _write_atomic
 from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.harness import HarnessError, HarnessLock, load_lock
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant, TrialKey
@@ -251,7 +251,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     except Exception as err:  # a trial must end as a record, whatever broke
         state.infra_reason, state.error = "internal", f"{type(err).__name__}: {err}"
     finally:
-        _remove_tree(work)
+        remove_tree(work)
     if state.error is None and state.run is not None:
         state.error = state.run.error
     outcome = _outcome(exp, state)
@@ -305,15 +305,15 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     manifest, trace = mask(manifest, canary), mask(trace, canary)
     patch_out = mask(state.patch, canary)
     art.mkdir(parents=True, exist_ok=True)
-    _write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
-    _write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
-    _write_atomic(art / "patch.diff", patch_out)
-    _write_atomic(art / "agent.log", mask(agent_log, canary))
-    _write_atomic(art / "verify.log", mask(state.verify_log or "(no verify command ran)\n", canary))
+    write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
+    write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
+    write_atomic(art / "patch.diff", patch_out)
+    write_atomic(art / "agent.log", mask(agent_log, canary))
+    write_atomic(art / "verify.log", mask(state.verify_log or "(no verify command ran)\n", canary))
     if state.build_log:
-        _write_atomic(art / "build.log", mask(state.build_log, canary))
+        write_atomic(art / "build.log", mask(state.build_log, canary))
     if state.result_md is not None:
-        _write_atomic(art / "RESULT.md", mask(state.result_md, canary))
+        write_atomic(art / "RESULT.md", mask(state.result_md, canary))
     finished_at = utcnow()
     record = TrialRecord(
         experiment_id=exp.experiment_id,

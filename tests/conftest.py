@@ -28,7 +28,11 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The skills-ab example copied out of the checkout, with its task repos generated."""
     dest = tmp_path_factory.mktemp("example") / "skills-ab"
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run([sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
+        check=True,
+        capture_output=True,
+    )
     return dest
 
 
@@ -41,4 +45,6 @@ def cli_env(home: Path) -> dict[str, str]:
 def hangar(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the real ``hangar`` CLI in a subprocess against ``home``."""
     exe = Path(sys.executable).with_name("hangar")
-    return subprocess.run([str(exe), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(exe), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout
+    )

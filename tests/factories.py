@@ -31,9 +31,17 @@ def make_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> St
 
 def experiment(**kw: Any) -> ExperimentRecord:
     fields: dict[str, Any] = dict(
-        experiment_id=EXP, name="skill-vs-none", author="ana", submitted_at=T0,
-        spec_path="spec.yaml", spec_digest="sha256:" + "a" * 64, spec_json='{"name": "x"}',
-        variants=["base", "skill"], tasks=["t1", "t2"], trials_per_task=1, trials_planned=4,
+        experiment_id=EXP,
+        name="skill-vs-none",
+        author="ana",
+        submitted_at=T0,
+        spec_path="spec.yaml",
+        spec_digest="sha256:" + "a" * 64,
+        spec_json='{"name": "x"}',
+        variants=["base", "skill"],
+        tasks=["t1", "t2"],
+        trials_per_task=1,
+        trials_planned=4,
         parallel=2,
     )
     return ExperimentRecord(**(fields | kw))
@@ -41,16 +49,23 @@ def experiment(**kw: Any) -> ExperimentRecord:
 
 def pin_set(**kw: Any) -> PinSetRecord:
     fields: dict[str, Any] = dict(
-        pin_set="pin-" + "1" * 16, harness_lock="claude@sha256:" + "b" * 64,
-        harness_digest="sha256:" + "b" * 64, environment_digest="sha256:" + "c" * 64,
-        model="claude-sonnet-4-20250514", model_concrete=True, task_bases={"t1": "d" * 40},
-        grader_digest="sha256:" + "e" * 64, egress="none", created_at=T0,
+        pin_set="pin-" + "1" * 16,
+        harness_lock="claude@sha256:" + "b" * 64,
+        harness_digest="sha256:" + "b" * 64,
+        environment_digest="sha256:" + "c" * 64,
+        model="claude-sonnet-4-20250514",
+        model_concrete=True,
+        task_bases={"t1": "d" * 40},
+        grader_digest="sha256:" + "e" * 64,
+        egress="none",
+        created_at=T0,
     )
     return PinSetRecord(**(fields | kw))
 
 
-def experiment_pin(variant: str = "base", pin: str = "pin-" + "1" * 16, **kw: Any
-                   ) -> ExperimentPinRecord:
+def experiment_pin(
+    variant: str = "base", pin: str = "pin-" + "1" * 16, **kw: Any
+) -> ExperimentPinRecord:
     return ExperimentPinRecord(
         **(dict(experiment_id=EXP, variant=variant, pin_set=pin, run_id="run-pins") | kw)
     )
@@ -58,45 +73,103 @@ def experiment_pin(variant: str = "base", pin: str = "pin-" + "1" * 16, **kw: An
 
 def base_check(task: str = "t1", **kw: Any) -> BaseCheckRecord:
     fields: dict[str, Any] = dict(
-        experiment_id=EXP, task=task, base_sha="d" * 40, grader_digest="sha256:" + "e" * 64,
-        base_passed=False, base_counts={"total": 3, "passed": 0, "failed": 3},
-        reference_given=True, reference_passed=True, reference_counts={"total": 3, "passed": 3},
-        invalid=False, reason=None, checked_at=T0, run_id="run-base",
+        experiment_id=EXP,
+        task=task,
+        base_sha="d" * 40,
+        grader_digest="sha256:" + "e" * 64,
+        base_passed=False,
+        base_counts={"total": 3, "passed": 0, "failed": 3},
+        reference_given=True,
+        reference_passed=True,
+        reference_counts={"total": 3, "passed": 3},
+        invalid=False,
+        reason=None,
+        checked_at=T0,
+        run_id="run-base",
     )
     return BaseCheckRecord(**(fields | kw))
 
 
-def trial(variant: str = "base", task: str = "t1", replicate: int = 1, attempt: int = 1,
-          **kw: Any) -> TrialRecord:
+def trial(
+    variant: str = "base", task: str = "t1", replicate: int = 1, attempt: int = 1, **kw: Any
+) -> TrialRecord:
     fields: dict[str, Any] = dict(
-        experiment_id=EXP, trial_key=f"{variant}/{task}/{replicate}", variant=variant, task=task,
-        replicate=replicate, attempt=attempt, retry_of=None,
-        run_id=f"run-{variant}-{task}-{replicate}-{attempt}", pin_set="pin-" + "1" * 16,
-        harness_digest="sha256:" + "b" * 64, environment_digest="sha256:" + "c" * 64,
-        model="claude-sonnet-4-20250514", agent="scripted", agent_is_standin=True,
-        base_sha="d" * 40, started_at=T0, finished_at=T0 + dt.timedelta(seconds=90),
-        duration_s=90.0, outcome_class="completed", infra_reason=None, agent_exit_code=0,
-        verify_passed=True, verify_exit_code=0, patch_sha256="f" * 64, patch_bytes=120,
-        changed_files=["src/app.py"], turns=4, tokens_in=1000, tokens_out=200, cost_usd=0.25,
-        error=None, manifest={"harness_lock": "claude@sha256:" + "b" * 64},
+        experiment_id=EXP,
+        trial_key=f"{variant}/{task}/{replicate}",
+        variant=variant,
+        task=task,
+        replicate=replicate,
+        attempt=attempt,
+        retry_of=None,
+        run_id=f"run-{variant}-{task}-{replicate}-{attempt}",
+        pin_set="pin-" + "1" * 16,
+        harness_digest="sha256:" + "b" * 64,
+        environment_digest="sha256:" + "c" * 64,
+        model="claude-sonnet-4-20250514",
+        agent="scripted",
+        agent_is_standin=True,
+        base_sha="d" * 40,
+        started_at=T0,
+        finished_at=T0 + dt.timedelta(seconds=90),
+        duration_s=90.0,
+        outcome_class="completed",
+        infra_reason=None,
+        agent_exit_code=0,
+        verify_passed=True,
+        verify_exit_code=0,
+        patch_sha256="f" * 64,
+        patch_bytes=120,
+        changed_files=["src/app.py"],
+        turns=4,
+        tokens_in=1000,
+        tokens_out=200,
+        cost_usd=0.25,
+        error=None,
+        manifest={"harness_lock": "claude@sha256:" + "b" * 64},
         trace={"events": [{"type": "tool_call", "name": "bash", "input": "pytest -q"}]},
         artifacts_dir="/tmp/none",
     )
     return TrialRecord(**(fields | kw))
 
 
-def grade(variant: str = "base", task: str = "t1", replicate: int = 1, attempt: int = 1,
-          passed: bool = True, **kw: Any) -> GradeRecord:
+def grade(
+    variant: str = "base",
+    task: str = "t1",
+    replicate: int = 1,
+    attempt: int = 1,
+    passed: bool = True,
+    **kw: Any,
+) -> GradeRecord:
     total = 3
     fields: dict[str, Any] = dict(
-        experiment_id=EXP, trial_key=f"{variant}/{task}/{replicate}", variant=variant, task=task,
-        replicate=replicate, attempt=attempt, run_id=f"run-g-{variant}-{task}-{attempt}",
-        graded_at=T0 + dt.timedelta(minutes=5), passed=passed,
-        hidden_tests={"total": total, "passed": total if passed else 1,
-                      "failed": 0 if passed else total - 1, "errors": 0, "skipped": 0},
-        exit_code=0 if passed else 1, reason=None, trust="isolated", files_mode="hidden",
-        network="none", runner="hangar-grade", tamper_signals=[], touched_tests=[],
-        contamination=[], task_invalid=False, grader_digest="sha256:" + "e" * 64, duration_s=4.5,
+        experiment_id=EXP,
+        trial_key=f"{variant}/{task}/{replicate}",
+        variant=variant,
+        task=task,
+        replicate=replicate,
+        attempt=attempt,
+        run_id=f"run-g-{variant}-{task}-{attempt}",
+        graded_at=T0 + dt.timedelta(minutes=5),
+        passed=passed,
+        hidden_tests={
+            "total": total,
+            "passed": total if passed else 1,
+            "failed": 0 if passed else total - 1,
+            "errors": 0,
+            "skipped": 0,
+        },
+        exit_code=0 if passed else 1,
+        reason=None,
+        trust="isolated",
+        files_mode="hidden",
+        network="none",
+        runner="hangar-grade",
+        tamper_signals=[],
+        touched_tests=[],
+        contamination=[],
+        task_invalid=False,
+        grader_digest="sha256:" + "e" * 64,
+        duration_s=4.5,
     )
     return GradeRecord(**(fields | kw))
 

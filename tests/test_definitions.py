@@ -22,10 +22,15 @@ def test_definitions_build_one_group_per_experiment(example_dir: Path, hangar_ho
     a = submit(example_dir / "experiment.yaml", paths())
     b = submit(example_dir / "experiment.yaml", paths())
     defs = build_definitions()
+    # What the webserver does on load: every job, op and asset name must be unique.
+    dg.Definitions.validate_loadable(defs)
     keys = {tuple(k.path) for k in defs.resolve_all_asset_keys()}
     for exp in (a, b):
-        assert {(exp.experiment_id, s) for s in ("spec", "pin_sets", "base_checks", "trials", "grades", "index")} <= keys
-        job = defs.resolve_job_def(f"{exp.experiment_id}__trials")
+        assert {
+            (exp.experiment_id, s)
+            for s in ("spec", "pin_sets", "base_checks", "trials", "grades", "index")
+        } <= keys
+        job = defs.resolve_job_def(f"{exp.experiment_id}__trials_job")
         assert job.tags["hangar/stage"] == "trials"
     trials_def = defs.resolve_assets_def(dg.AssetKey([a.experiment_id, "trials"]))
     assert trials_def.partitions_def is not None
@@ -33,12 +38,14 @@ def test_definitions_build_one_group_per_experiment(example_dir: Path, hangar_ho
     assert defs.resolve_sensor_def("experiment_driver") is not None
 
 
-def test_driver_requests_the_first_stage_only_for_daemon_experiments(example_dir: Path, hangar_home: Path) -> None:
+def test_driver_requests_the_first_stage_only_for_daemon_experiments(
+    example_dir: Path, hangar_home: Path
+) -> None:
     waited = submit(example_dir / "experiment.yaml", paths())
     queued = submit(example_dir / "experiment.yaml", paths())
     (paths().experiment_dir(queued.experiment_id) / DAEMON_MARKER).touch()
     with dg.instance_for_test() as instance:
         requests = list(next_stage_requests(instance, paths()))
-    assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec"]
+    assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec_job"]
     assert requests[0].run_key == f"{queued.experiment_id}:spec"
     assert waited.experiment_id not in requests[0].job_name

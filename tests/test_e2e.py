@@ -26,20 +26,38 @@ def finished(example_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 def test_run_prints_summary_and_where_to_look(finished: tuple[Path, str, str]) -> None:
     home, experiment_id, out = finished
-    for expected in ("pass rate (pts)", "plain", "skill", "hangar ui", str(home / "hangar.duckdb"), "stand-in"):
+    for expected in (
+        "pass rate (pts)",
+        "plain",
+        "skill",
+        "hangar ui",
+        str(home / "hangar.duckdb"),
+        "stand-in",
+    ):
         assert expected in out
 
 
-def test_all_eighteen_trials_are_graded_and_the_variants_differ(finished: tuple[Path, str, str]) -> None:
+def test_all_eighteen_trials_are_graded_and_the_variants_differ(
+    finished: tuple[Path, str, str],
+) -> None:
     home, experiment_id, _ = finished
     con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
     try:
-        n_trials = con.execute("select count(*) from trials where experiment_id = ?", [experiment_id]).fetchone()
-        n_grades = con.execute("select count(*) from grades where experiment_id = ?", [experiment_id]).fetchone()
-        rates = dict(con.execute(
-            "select variant, pass_rate_pts from variant_summary where experiment_id = ?", [experiment_id]
-        ).fetchall())
-        invalid = con.execute("select count(*) from base_checks where experiment_id = ? and invalid", [experiment_id]).fetchone()
+        n_trials = con.execute(
+            "select count(*) from trials where experiment_id = ?", [experiment_id]
+        ).fetchone()
+        n_grades = con.execute(
+            "select count(*) from grades where experiment_id = ?", [experiment_id]
+        ).fetchone()
+        rates = dict(
+            con.execute(
+                "select variant, pass_rate_pts from variant_summary where experiment_id = ?",
+                [experiment_id],
+            ).fetchall()
+        )
+        invalid = con.execute(
+            "select count(*) from base_checks where experiment_id = ? and invalid", [experiment_id]
+        ).fetchone()
     finally:
         con.close()
     assert n_trials == (18,) and n_grades == (18,)
@@ -48,16 +66,24 @@ def test_all_eighteen_trials_are_graded_and_the_variants_differ(finished: tuple[
     assert invalid == (0,)
 
 
-def test_every_stage_is_a_successful_dagster_run_with_partition_materializations(finished: tuple[Path, str, str]) -> None:
+def test_every_stage_is_a_successful_dagster_run_with_partition_materializations(
+    finished: tuple[Path, str, str],
+) -> None:
     home, experiment_id, _ = finished
     os.environ["DAGSTER_HOME"] = str(home / "dagster")
     try:
         with dg.DagsterInstance.get() as instance:
             runs = instance.get_runs(dg.RunsFilter(tags={"hangar/experiment": experiment_id}))
-            assert sorted(r.tags["hangar/stage"] for r in runs) == sorted(["spec", "pin_sets", "base_checks", "trials", "index"])
+            assert sorted(r.tags["hangar/stage"] for r in runs) == sorted(
+                ["spec", "pin_sets", "base_checks", "trials", "index"]
+            )
             assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
-            mats = instance.fetch_materializations(dg.AssetKey([experiment_id, "trials"]), limit=100).records
-            partitions = {m.asset_materialization.partition for m in mats if m.asset_materialization}
+            mats = instance.fetch_materializations(
+                dg.AssetKey([experiment_id, "trials"]), limit=100
+            ).records
+            partitions = {
+                m.asset_materialization.partition for m in mats if m.asset_materialization
+            }
             assert len(partitions) == 18
             meta = mats[0].asset_materialization.metadata if mats[0].asset_materialization else {}
             assert meta["attempt"].value == 1
@@ -90,6 +116,8 @@ def test_resume_keeps_finished_trials(finished: tuple[Path, str, str]) -> None:
     assert again.returncode == 0, again.stderr
     con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
     try:
-        assert con.execute("select max(attempt), count(*) from trials where experiment_id = ?", [experiment_id]).fetchone() == (1, 18)
+        assert con.execute(
+            "select max(attempt), count(*) from trials where experiment_id = ?", [experiment_id]
+        ).fetchone() == (1, 18)
     finally:
         con.close()

@@ -22,8 +22,10 @@ def test_export_writes_every_attempt_and_masks_the_canary(
     store.put(f.experiment_pin())
     store.put(f.base_check())
     store.put(f.trial(attempt=1, outcome_class="infra_error", infra_reason="preempted"))
-    leaked = {"events": [{"type": "tool_output", "text": f"# {canary}\ndef test_x(): ..."}],
-              canary: "as a key too"}
+    leaked = {
+        "events": [{"type": "tool_output", "text": f"# {canary}\ndef test_x(): ..."}],
+        canary: "as a key too",
+    }
     store.put(f.trial(attempt=2, trace=leaked, manifest={"note": f"saw {canary}"}))
     store.put(f.grade(attempt=2, contamination=["trace"]))
     store.put(f.note(f"canary {canary} seen in trace", kind="contamination"))
@@ -50,7 +52,8 @@ def test_export_writes_every_attempt_and_masks_the_canary(
     assert set(index["pins"]) == {"base"} and set(index["base_checks"]) == {"t1"}
     assert index["notes"][0]["message"] == f"canary {MASK} seen in trace"
     assert [(r["trial_key"], r["attempt"], r["contamination"]) for r in index["index"]] == [
-        ("base/t1/1", 2, ["trace"])]
+        ("base/t1/1", 2, ["trace"])
+    ]
     assert index["summary"][0]["pass_rate_pts"] == 100.0
     assert [a["attempt"] for a in index["attempts"]] == [1, 2]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left

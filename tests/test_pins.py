@@ -48,7 +48,9 @@ def test_any_changed_input_is_a_new_id(field: str, value: Any) -> None:
 
 
 def test_environment_digest_covers_resources() -> None:
-    assert environment_digest(Environment()) != environment_digest(Environment(resources={"timeout_s": 5}))  # type: ignore[arg-type]
+    assert environment_digest(Environment()) != environment_digest(
+        Environment(resources={"timeout_s": 5})
+    )  # type: ignore[arg-type]
 
 
 def test_record_carries_its_own_id() -> None:

@@ -67,7 +67,9 @@ def test_unknown_task_in_variant_duplicate_task_and_floating_alias() -> None:
     assert "floating model alias" in found["variants.other.model"]
 
 
-@pytest.mark.parametrize("model", ["opus", "claude-opus-latest", "~anthropic/claude-sonnet-latest", "gpt-5", "my-model"])
+@pytest.mark.parametrize(
+    "model", ["opus", "claude-opus-latest", "~anthropic/claude-sonnet-latest", "gpt-5", "my-model"]
+)
 def test_floating_models_are_refused(model: str) -> None:
     data = good()
     data["variants"]["plain"] = {"harness": "standin", "model": model}

@@ -39,9 +39,14 @@ def test_every_record_type_round_trips(tmp_path: Path, monkeypatch: pytest.Monke
     assert store.grades(f.EXP) == [grade]
     assert store.notes(f.EXP) == [note]
     # JSON and timestamp columns have their documented DuckDB types
-    types = {r[0]: r[1] for r in _duck_rows(
-        store, "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_name = 'trials'")}
+    types = {
+        r[0]: r[1]
+        for r in _duck_rows(
+            store,
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = 'trials'",
+        )
+    }
     assert types["trace"] == "JSON" and types["started_at"] == "TIMESTAMP WITH TIME ZONE"
     # and each record is one Parquet file under the documented layout
     parquet = store.paths.parquet
@@ -66,8 +71,13 @@ def test_find_experiment_by_id_or_latest_name(
 def test_highest_attempt_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = f.make_store(tmp_path, monkeypatch)
     assert store.next_attempt(f.EXP, "base/t1/1") == 1
-    first = f.trial(attempt=1, outcome_class="infra_error", infra_reason="preempted",
-                    verify_passed=None, cost_usd=0.1)
+    first = f.trial(
+        attempt=1,
+        outcome_class="infra_error",
+        infra_reason="preempted",
+        verify_passed=None,
+        cost_usd=0.1,
+    )
     store.put(first)
     assert store.next_attempt(f.EXP, "base/t1/1") == 2
     second = f.trial(attempt=2, retry_of=first.run_id)
@@ -107,9 +117,19 @@ def test_summary_excludes_infra_errors_from_the_denominator(
 
     base, down, skill = store.summary(f.EXP)
     assert (down["trials"], down["graded"], down["pass_rate_pts"]) == (1, 0, None)
-    assert base == {"variant": "base", "trials": 2, "passed": 1, "graded": 1,
-                    "pass_rate_pts": 100.0, "completed": 1, "empty_patch": 0, "agent_error": 0,
-                    "timeout": 0, "budget_exceeded": 0, "infra_error": 1}
+    assert base == {
+        "variant": "base",
+        "trials": 2,
+        "passed": 1,
+        "graded": 1,
+        "pass_rate_pts": 100.0,
+        "completed": 1,
+        "empty_patch": 0,
+        "agent_error": 0,
+        "timeout": 0,
+        "budget_exceeded": 0,
+        "infra_error": 1,
+    }
     assert (skill["trials"], skill["passed"], skill["graded"]) == (3, 1, 3)
     assert skill["pass_rate_pts"] == 33.3
     assert (skill["completed"], skill["empty_patch"]) == (2, 1)
@@ -176,8 +196,12 @@ def test_locked_duckdb_heals_from_parquet(
 ) -> None:
     store = f.make_store(tmp_path, monkeypatch, lock_timeout_s=0.5)
     store.put(f.experiment())
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(store.paths.duckdb)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(store.paths.duckdb)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         with caplog.at_level(logging.WARNING, logger="hangar_dagster.store"):
@@ -258,8 +282,11 @@ def test_two_processes_write_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     store = f.make_store(tmp_path, monkeypatch)
     here = str(Path(__file__).parent)
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, str(store.paths.home), here, v],
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(store.paths.home), here, v],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for v in ("base", "skill")
     ]
     for p in procs:
@@ -267,4 +294,6 @@ def test_two_processes_write_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert p.returncode == 0, err
         assert "Parquet only" not in err
     assert _duck_rows(store, "SELECT variant, count(*) FROM trials GROUP BY ALL ORDER BY 1") == [
-        ("base", 5), ("skill", 5)]
+        ("base", 5),
+        ("skill", 5),
+    ]

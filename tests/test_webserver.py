@@ -31,14 +31,17 @@ def free_port() -> int:
 
 def graphql(port: int, query: str) -> dict[str, object]:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def test_webserver_lists_the_experiment_assets_with_lineage(example_dir: Path, tmp_path: Path) -> None:
+def test_webserver_lists_the_experiment_assets_with_lineage(
+    example_dir: Path, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     submitted = hangar("experiment", "run", str(example_dir / "experiment.yaml"), home=home)
     assert submitted.returncode == 0, submitted.stderr
@@ -49,21 +52,29 @@ def test_webserver_lists_the_experiment_assets_with_lineage(example_dir: Path, t
     env = cli_env(home)
     env["DAGSTER_HOME"] = str(home / "dagster")
     webserver = Path(sys.executable).with_name("dagster-webserver")
+    log = tmp_path / "webserver.log"
     proc = subprocess.Popen(
         [str(webserver), "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
         nodes = None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and proc.poll() is None:
             try:
                 nodes = graphql(port, QUERY)["data"]["assetNodes"]  # type: ignore[index]
                 break
             except OSError:
                 time.sleep(1)
-        assert nodes is not None, "the webserver never answered"
-        mine = {tuple(n["assetKey"]["path"]): n for n in nodes if n["assetKey"]["path"][0] == experiment_id}
+        assert nodes is not None, "the webserver never answered:\n" + log.read_text()[-3000:]
+        mine = {
+            tuple(n["assetKey"]["path"]): n
+            for n in nodes
+            if n["assetKey"]["path"][0] == experiment_id
+        }
         names = {k[1] for k in mine}
         assert names == {"spec", "pin_sets", "base_checks", "trials", "grades", "index"}
         assert all(n["groupName"] == experiment_id for n in mine.values())

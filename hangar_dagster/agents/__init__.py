@@ -71,7 +71,9 @@ def get_agent(name: str) -> Agent:
     try:
         target = _ADAPTERS[name]
     except KeyError:
-        raise UnknownAgent(f"unknown agent adapter {name!r}; known: {', '.join(sorted(_ADAPTERS))}") from None
+        raise UnknownAgent(
+            f"unknown agent adapter {name!r}; known: {', '.join(sorted(_ADAPTERS))}"
+        ) from None
     module, cls = target.split(":")
     adapter: type[Agent] = getattr(importlib.import_module(module), cls)
     return adapter()

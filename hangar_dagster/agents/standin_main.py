@@ -283,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args[1]) if len(args) == 2 and args[0] == "--out" else Path(OUT_MOUNT)
     missing = [k for k in REQUIRED_ENV if not os.environ.get(k)]
     if missing:
-        print(f"hangar-standin: missing environment variable(s) {', '.join(missing)}",
-              file=sys.stderr)
+        print(
+            f"hangar-standin: missing environment variable(s) {', '.join(missing)}", file=sys.stderr
+        )
         return EXIT_AGENT_ERROR
     return run(dict(os.environ), Path.cwd(), out)
 

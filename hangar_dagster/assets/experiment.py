@@ -12,7 +12,6 @@ the moment it finishes; the attempt is a new materialization of the same
 partition, with ``attempt`` in its metadata.
 """
 
-
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -39,18 +38,24 @@ R = TypeVar("R")
 
 
 def job_name(exp: ResolvedExperiment, stage: str) -> str:
-    return f"{exp.experiment_id}__{stage}"
+    return f"{exp.experiment_id}__{stage}_job"
 
 
 def partitions(
     exp: ResolvedExperiment,
-) -> tuple[dg.StaticPartitionsDefinition, dg.StaticPartitionsDefinition, dg.MultiPartitionsDefinition]:
+) -> tuple[
+    dg.StaticPartitionsDefinition, dg.StaticPartitionsDefinition, dg.MultiPartitionsDefinition
+]:
     variants = dg.StaticPartitionsDefinition(list(exp.variants))
     tasks = dg.StaticPartitionsDefinition(list(exp.tasks))
     task_reps = dg.StaticPartitionsDefinition(
         [f"{t}.r{r}" for t in exp.tasks for r in range(1, exp.spec.trials + 1)]
     )
-    return variants, tasks, dg.MultiPartitionsDefinition({"variant": variants, "task_rep": task_reps})
+    return (
+        variants,
+        tasks,
+        dg.MultiPartitionsDefinition({"variant": variants, "task_rep": task_reps}),
+    )
 
 
 def trial_key_of(trials_def: dg.MultiPartitionsDefinition, partition_key: str) -> TrialKey:
@@ -109,7 +114,12 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     single_run = dg.BackfillPolicy.single_run()
     tags = {"hangar/experiment_name": exp.name}
 
-    @dg.asset(key=[prefix, "spec"], group_name=group, tags=tags, description=f"The resolved spec of {exp.name} ({exp.spec_path}).")
+    @dg.asset(
+        key=[prefix, "spec"],
+        group_name=group,
+        tags=tags,
+        description=f"The resolved spec of {exp.name} ({exp.spec_path}).",
+    )
     def spec(context: dg.AssetExecutionContext, hangar: HangarResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
         record = hangar.store().experiment(exp.experiment_id)
         if record is None:
@@ -128,8 +138,13 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         )
 
     @dg.asset(
-        key=[prefix, "pin_sets"], group_name=group, tags=tags, deps=[spec], partitions_def=variants_def,
-        backfill_policy=single_run, description="Content-addressed pin set per variant (pin-<hash>), never overwritten.",
+        key=[prefix, "pin_sets"],
+        group_name=group,
+        tags=tags,
+        deps=[spec],
+        partitions_def=variants_def,
+        backfill_policy=single_run,
+        description="Content-addressed pin set per variant (pin-<hash>), never overwritten.",
     )
     def pin_sets(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
@@ -149,19 +164,38 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 )
             )
             if record.pin_set != variant.pin_set:
-                raise dg.Failure(f"variant {name}: pins moved since submit ({variant.pin_set} -> {record.pin_set})")
+                raise dg.Failure(
+                    f"variant {name}: pins moved since submit ({variant.pin_set} -> {record.pin_set})"
+                )
             store.put(record)
             if name not in store.pins(exp.experiment_id):
-                store.put(ExperimentPinRecord(experiment_id=exp.experiment_id, variant=name, pin_set=record.pin_set, run_id=context.run_id))
+                store.put(
+                    ExperimentPinRecord(
+                        experiment_id=exp.experiment_id,
+                        variant=name,
+                        pin_set=record.pin_set,
+                        run_id=context.run_id,
+                    )
+                )
             context.add_asset_metadata(
-                {"pin_set": record.pin_set, "harness_lock": record.harness_lock, "model": record.model,
-                 "environment_digest": record.environment_digest, "grader_digest": record.grader_digest,
-                 "egress": record.egress, "task_bases": dg.MetadataValue.json(record.task_bases)},
+                {
+                    "pin_set": record.pin_set,
+                    "harness_lock": record.harness_lock,
+                    "model": record.model,
+                    "environment_digest": record.environment_digest,
+                    "grader_digest": record.grader_digest,
+                    "egress": record.egress,
+                    "task_bases": dg.MetadataValue.json(record.task_bases),
+                },
                 partition_key=name,
             )
 
     @dg.asset(
-        key=[prefix, "base_checks"], group_name=group, tags=tags, deps=[spec], partitions_def=tasks_def,
+        key=[prefix, "base_checks"],
+        group_name=group,
+        tags=tags,
+        deps=[spec],
+        partitions_def=tasks_def,
         backfill_policy=single_run,
         description="Hidden tests must fail on the base (and pass on reference_patch); once per task per experiment.",
     )
@@ -169,7 +203,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         store = hangar.store()
         done = store.base_checks(exp.experiment_id)
         todo = [t for t in context.partition_keys if t not in done]
-        for task, check in _concurrently(todo, lambda t: check_base(exp, t, context.run_id, hangar.paths), exp.spec.parallel):
+        for task, check in _concurrently(
+            todo, lambda t: check_base(exp, t, context.run_id, hangar.paths), exp.spec.parallel
+        ):
             store.put(check)
             done[task] = check
         for task in context.partition_keys:
@@ -177,18 +213,36 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             if c.invalid:
                 context.log.warning(f"task {task} is invalid: {c.reason}")
             context.add_asset_metadata(
-                {"invalid": c.invalid, "reason": c.reason or "", "base_sha": c.base_sha,
-                 "base_counts": dg.MetadataValue.json(c.base_counts), "reference_passed": str(c.reference_passed),
-                 "checked_in_run": c.run_id},
+                {
+                    "invalid": c.invalid,
+                    "reason": c.reason or "",
+                    "base_sha": c.base_sha,
+                    "base_counts": dg.MetadataValue.json(c.base_counts),
+                    "reference_passed": str(c.reference_passed),
+                    "checked_in_run": c.run_id,
+                },
                 partition_key=task,
             )
 
     @dg.asset(
-        key=[prefix, "trials"], group_name=group, tags=tags, partitions_def=trials_def, backfill_policy=single_run,
+        key=[prefix, "trials"],
+        group_name=group,
+        tags=tags,
+        partitions_def=trials_def,
+        backfill_policy=single_run,
         ins={
-            "pins": dg.AssetIn(key=pin_sets.key, dagster_type=dg.Nothing,
-                               partition_mapping=dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="variant")),
-            "checks": dg.AssetIn(key=base_checks.key, dagster_type=dg.Nothing, partition_mapping=dg.AllPartitionMapping()),
+            "pins": dg.AssetIn(
+                key=pin_sets.key,
+                dagster_type=dg.Nothing,
+                partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
+                    partition_dimension_name="variant"
+                ),
+            ),
+            "checks": dg.AssetIn(
+                key=base_checks.key,
+                dagster_type=dg.Nothing,
+                partition_mapping=dg.AllPartitionMapping(),
+            ),
         },
         description="One agent run per partition, in a sandbox on a clone at the pinned base.",
     )
@@ -200,7 +254,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         for pk in context.partition_keys:
             key = trial_key_of(trials_def, pk)
             if key.task not in exp.variants[key.variant].tasks:
-                context.add_asset_metadata({"skipped": "task not in this variant"}, partition_key=pk)
+                context.add_asset_metadata(
+                    {"skipped": "task not in this variant"}, partition_key=pk
+                )
                 continue
             prior = latest.get(key.key)
             # A finished attempt is kept (a resumed run loses and repeats nothing); infra errors run again.
@@ -213,30 +269,47 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             attempt = store.next_attempt(exp.experiment_id, key.key)
             prior = latest.get(key.key)
             record, _patch = run_trial(
-                TrialRequest(experiment=exp, key=key, attempt=attempt,
-                             retry_of=retry_of or (prior.run_id if prior else None), run_id=context.run_id),
+                TrialRequest(
+                    experiment=exp,
+                    key=key,
+                    attempt=attempt,
+                    retry_of=retry_of or (prior.run_id if prior else None),
+                    run_id=context.run_id,
+                ),
                 hangar.paths,
             )
             store.put(record)  # stored the moment it finishes: a crash later loses nothing
             return record
 
         for key, record in _concurrently(todo, one, exp.spec.parallel):
-            context.log.info(f"trial {key.key} attempt {record.attempt}: {record.outcome_class} ({record.duration_s:.1f}s)")
+            context.log.info(
+                f"trial {key.key} attempt {record.attempt}: {record.outcome_class} ({record.duration_s:.1f}s)"
+            )
             pk = dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
             context.add_asset_metadata(_trial_metadata(record, reused=False), partition_key=pk)
 
     @dg.asset(
-        key=[prefix, "grades"], group_name=group, tags=tags, partitions_def=trials_def, backfill_policy=single_run,
+        key=[prefix, "grades"],
+        group_name=group,
+        tags=tags,
+        partitions_def=trials_def,
+        backfill_policy=single_run,
         ins={
             "trial": dg.AssetIn(key=trials.key, dagster_type=dg.Nothing),
-            "checks": dg.AssetIn(key=base_checks.key, dagster_type=dg.Nothing, partition_mapping=dg.AllPartitionMapping()),
+            "checks": dg.AssetIn(
+                key=base_checks.key,
+                dagster_type=dg.Nothing,
+                partition_mapping=dg.AllPartitionMapping(),
+            ),
         },
         description="The sealed grader's verdict on each trial's patch (hidden tests).",
     )
     def grades(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
         latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
-        graded = {(g.trial_key, g.attempt): g for g in store.grades(exp.experiment_id, all_attempts=True)}
+        graded = {
+            (g.trial_key, g.attempt): g for g in store.grades(exp.experiment_id, all_attempts=True)
+        }
         checks = store.base_checks(exp.experiment_id)
         todo: list[tuple[Any, TrialRecord]] = []
         for pk in context.partition_keys:
@@ -245,35 +318,50 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             if trial is None:
                 context.add_asset_metadata({"skipped": "no trial"}, partition_key=pk)
             elif (trial.trial_key, trial.attempt) in graded:
-                context.add_asset_metadata(_grade_metadata(graded[(trial.trial_key, trial.attempt)], reused=True), partition_key=pk)
+                context.add_asset_metadata(
+                    _grade_metadata(graded[(trial.trial_key, trial.attempt)], reused=True),
+                    partition_key=pk,
+                )
             else:
                 todo.append((pk, trial))
 
         def one(item: tuple[Any, TrialRecord]) -> GradeRecord:
             _pk, trial = item
             patch = (Path(trial.artifacts_dir) / "patch.diff").read_text()
-            grade = grade_trial(exp, trial, patch, checks.get(trial.task), context.run_id, hangar.paths)
+            grade = grade_trial(
+                exp, trial, patch, checks.get(trial.task), context.run_id, hangar.paths
+            )
             store.put(grade)
             return grade
 
         for (pk, _trial), grade in _concurrently(todo, one, exp.spec.parallel):
             context.add_asset_metadata(_grade_metadata(grade, reused=False), partition_key=pk)
 
-    @dg.asset(key=[prefix, "index"], group_name=group, tags=tags, deps=[grades],
-              description="Per trial key the highest attempt with its grade; per variant the pass rate.")
+    @dg.asset(
+        key=[prefix, "index"],
+        group_name=group,
+        tags=tags,
+        deps=[grades],
+        description="Per trial key the highest attempt with its grade; per variant the pass rate.",
+    )
     def index(context: dg.AssetExecutionContext, hangar: HangarResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
         store = hangar.store()
         summary = store.summary(exp.experiment_id)
         rows = store.index(exp.experiment_id)
         table = ["| variant | trials | passed | pass rate (pts) |", "|---|---|---|---|"]
-        table += [f"| {s['variant']} | {s['trials']} | {s['passed']} | {s['pass_rate_pts']} |" for s in summary]
+        table += [
+            f"| {s['variant']} | {s['trials']} | {s['passed']} | {s['pass_rate_pts']} |"
+            for s in summary
+        ]
         return dg.MaterializeResult(
             metadata={
                 "summary": dg.MetadataValue.md("\n".join(table)),
                 "trial_keys": len(rows),
-                "graded": sum(1 for r in rows if r.get("passed") is not None),
-                "passed": sum(1 for r in rows if r.get("passed")),
-                "invalid_tasks": ", ".join(t for t, c in store.base_checks(exp.experiment_id).items() if c.invalid),
+                "graded": sum(int(s["graded"]) for s in summary),
+                "passed": sum(int(s["passed"]) for s in summary),
+                "invalid_tasks": ", ".join(
+                    t for t, c in store.base_checks(exp.experiment_id).items() if c.invalid
+                ),
                 "duckdb": dg.MetadataValue.path(str(hangar.paths.duckdb)),
             }
         )

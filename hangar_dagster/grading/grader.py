@@ -17,8 +17,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from typing import Literal
 from hangar_dagster.canary import mask
 from hangar_dagster.config import HangarPaths
 from hangar_dagster.digests import sha256_json
+from hangar_dagster.fsutil import remove_tree, write_atomic
 from hangar_dagster.gitrepo import GitError, apply_patch, changed_files, isolated_clone
 from hangar_dagster.grading.junit import JunitResult, parse_junit, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
@@ -218,18 +217,6 @@ def _make_read_only(root: Path) -> None:
     os.chmod(root, 0o555)
 
 
-def _remove_tree(root: Path) -> None:
-    # The hidden dir is read-only, and code under test may leave read-only dirs behind.
-    for dirpath, dirnames, _ in os.walk(root):
-        for name in dirnames:
-            p = os.path.join(dirpath, name)
-            if not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-    if root.exists():
-        os.chmod(root, stat.S_IRWXU)
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def _read_capped(path: Path, cap: int) -> str:
     try:
         with path.open("rb") as fh:
@@ -359,7 +346,7 @@ def run_grader(
             base_paths=base_paths,
         )
     finally:
-        _remove_tree(work)
+        remove_tree(work)
 
 
 def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
@@ -370,13 +357,6 @@ def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
             if found.is_file():
                 texts[found.relative_to(art).as_posix()] = found.read_text(errors="replace")
     return texts
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def grade_trial(
@@ -410,7 +390,7 @@ def grade_trial(
             work_root=paths.work / "grading",
             env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
         )
-        _write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
+        write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     return GradeRecord(
         experiment_id=experiment.experiment_id,
         trial_key=trial.trial_key,
@@ -430,7 +410,11 @@ def grade_trial(
         runner=grader_runner(grader.command),
         tamper_signals=tamper_signals(patch),
         touched_tests=touched_tests(patch, run.base_paths),
-        contamination=canary_hits(_contamination_texts(trial, patch), experiment.canary),
+        # The trial searched its own outputs before masking them; the grader adds what it can see.
+        contamination=sorted(
+            set(trial.trace.get("canary_seen_in", []))
+            | set(canary_hits(_contamination_texts(trial, patch), experiment.canary))
+        ),
         task_invalid=base_check.invalid if base_check is not None else False,
         grader_digest=experiment.grader_digest,
         duration_s=run.duration_s,
@@ -479,7 +463,7 @@ def check_base(
     log = f"=== base ({task.base_sha}) ===\n{base.output}"
     if ref is not None:
         log += f"\n=== reference_patch ===\n{ref.output}"
-    _write_atomic(base_check_log(paths, experiment.experiment_id, task_id), log)
+    write_atomic(base_check_log(paths, experiment.experiment_id, task_id), log)
     return BaseCheckRecord(
         experiment_id=experiment.experiment_id,
         task=task_id,

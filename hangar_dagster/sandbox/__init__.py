@@ -74,7 +74,9 @@ def get_sandbox(name: str) -> Sandbox:
     try:
         target = _BACKENDS[name]
     except KeyError:
-        raise SandboxUnavailable(f"unknown sandbox backend {name!r}; known: {', '.join(sorted(_BACKENDS))}") from None
+        raise SandboxUnavailable(
+            f"unknown sandbox backend {name!r}; known: {', '.join(sorted(_BACKENDS))}"
+        ) from None
     module, cls = target.split(":")
     backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
     return backend()

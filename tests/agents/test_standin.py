@@ -324,7 +324,11 @@ def test_adapter_in_bwrap_gives_up_without_a_retry(tmp_path: Path) -> None:
     run = StandinAgent().run(context(tmp_path, lock, clone, seed))
     assert run.error is None and run.turns == 1, run.output_tail
     assert run.events[-1] == {
-        "type": "result", "applied": "wrong", "turns": 1, "verify_exit_code": 1, "standin": True
+        "type": "result",
+        "applied": "wrong",
+        "turns": 1,
+        "verify_exit_code": 1,
+        "standin": True,
     }
     assert "abs(a - b)" in take_patch(clone, sha)
 
@@ -333,7 +337,7 @@ def test_adapter_sees_only_its_own_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LEAK_PROBE_FOR_TEST", "do-not-leak")
-    probe = "test -z \"${LEAK_PROBE_FOR_TEST+set}\""
+    probe = 'test -z "${LEAK_PROBE_FOR_TEST+set}"'
     lock = make_lock(tmp_path, rate=1.0)
     clone, _ = make_clone(tmp_path)
     ctx = replace(context(tmp_path, lock, clone, "any"), verify=probe)
