@@ -30,6 +30,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -60,8 +61,8 @@ def make_spec(work: Path, trials: int) -> Path:
     return path
 
 
-def _pool_trial(args: tuple[str, str, int]) -> tuple[float, float]:
-    """In a worker process: one trial and its grade; returns (wall, own work) seconds."""
+def _pool_trial(args: tuple[str, str, int]) -> float:
+    """In a worker process: one trial and its grade; returns their own work in seconds."""
     from hangar_dagster.config import HangarPaths
     from hangar_dagster.grading.grader import grade_trial
     from hangar_dagster.plan import TrialKey
@@ -76,7 +77,7 @@ def _pool_trial(args: tuple[str, str, int]) -> tuple[float, float]:
         TrialRequest(experiment=exp, key=key, attempt=1, retry_of=None, run_id="pool"), paths
     )
     grade = grade_trial(exp, record, patch, None, "pool", paths)
-    return record.duration_s + grade.duration_s, record.duration_s + grade.duration_s
+    return record.duration_s + grade.duration_s
 
 
 def run_pool(spec: Path, home: Path, trials: int) -> tuple[float, list[float], float]:
@@ -85,17 +86,24 @@ def run_pool(spec: Path, home: Path, trials: int) -> tuple[float, list[float], f
     from hangar_dagster.submit import submit
 
     paths = HangarPaths(home)
-    exp = submit(spec, paths)
     start = time.perf_counter()
+    exp = submit(spec, paths)
     check_base(exp, next(iter(exp.tasks)), "pool", paths)
-    overheads, work = [], 0.0
+    loop, work = [], 0.0
     with ProcessPoolExecutor(max_workers=1) as pool:
         for rep in range(1, trials + 1):
             t0 = time.perf_counter()
-            _wall, own = pool.submit(_pool_trial, (str(home), exp.experiment_id, rep)).result()
-            overheads.append(time.perf_counter() - t0 - own)
+            own = pool.submit(_pool_trial, (str(home), exp.experiment_id, rep)).result()
+            loop.append((time.perf_counter() - t0, own))
             work += own
-    return time.perf_counter() - start, overheads, work
+    wall = time.perf_counter() - start
+    return wall, spread(wall, loop), work
+
+
+def spread(wall: float, loop: list[tuple[float, float]]) -> list[float]:
+    """Per trial: its own overhead in the loop plus an equal share of the fixed costs."""
+    share = (wall - sum(w for w, _ in loop)) / len(loop)
+    return [share + w - own for w, own in loop]
 
 
 def run_pipeline(spec: Path, home: Path) -> tuple[float, list[float], float]:
@@ -113,20 +121,23 @@ def run_pipeline(spec: Path, home: Path) -> tuple[float, list[float], float]:
     import duckdb
 
     con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
-    rows = con.execute(
-        "select t.finished_at, t.duration_s, g.duration_s from trials t join grades g using (experiment_id, trial_key, attempt) order by t.finished_at"
+    trials = con.execute(
+        "select finished_at, duration_s from trials order by finished_at"
     ).fetchall()
+    grades = con.execute("select graded_at, duration_s from grades order by graded_at").fetchall()
     con.close()
-    own = [t + g for _f, t, g in rows]
-    work = sum(own)
-    # Fixed costs spread evenly: every trial's share of the wall time not spent on trial work.
-    share = (wall - work) / len(rows)
-    # Within the trials run, a trial's gap to its predecessor beyond its own agent time is its loop cost.
-    gaps = [0.0] + [
-        max(0.0, (b[0] - a[0]).total_seconds() - b[1]) for a, b in zip(rows, rows[1:], strict=False)
+    # In the serial trials run, a trial's loop wall is the gap since the previous one finished
+    # (likewise for grades); the first of each is taken at its own duration.
+    loop = [
+        (gaps(trials)[i] + gaps(grades)[i], trials[i][1] + grades[i][1]) for i in range(len(trials))
     ]
-    loop_mean = statistics.mean(gaps)
-    return wall, [share + g - loop_mean for g in gaps], work
+    return wall, spread(wall, loop), sum(own for _, own in loop)
+
+
+def gaps(rows: list[tuple[Any, float]]) -> list[float]:
+    return [rows[0][1]] + [
+        (b[0] - a[0]).total_seconds() for a, b in zip(rows, rows[1:], strict=False)
+    ]
 
 
 def main() -> None:

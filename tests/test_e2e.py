@@ -121,3 +121,18 @@ def test_resume_keeps_finished_trials(finished: tuple[Path, str, str]) -> None:
         ).fetchone() == (1, 18)
     finally:
         con.close()
+
+
+def test_trials_ran_concurrently_but_never_above_parallel(finished: tuple[Path, str, str]) -> None:
+    home, experiment_id, _ = finished
+    con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    try:
+        spans = con.execute("select started_at, finished_at from trials where experiment_id = ?", [experiment_id]).fetchall()
+    finally:
+        con.close()
+    events = sorted([(s, 1) for s, _ in spans] + [(f, -1) for _, f in spans])
+    running, peak = 0, 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert 1 < peak <= 3  # the example's parallel is 3
