@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ WORKSPACE_YAML = """load_from:
       attribute: defs
       location_name: hangar
 """
+WEBSERVER_URL_FILE = "webserver.url"
 STANDIN_NOTE = "stand-in: the scripted stand-in agent (no model) produced these trials"
 
 
@@ -104,7 +106,7 @@ def run_cmd(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
     ensure_dagster_home()  # the daemon and the UI need the instance even before a run
-    _notify_webserver()
+    _notify_webserver(p)
     if not wait:
         from hangar_dagster.sensors import DAEMON_MARKER
 
@@ -247,9 +249,33 @@ def schema_cmd(
 @app.command("ui")
 def ui_cmd(port: Annotated[int, typer.Option(help="Webserver port.")] = 3000) -> None:
     """Start the Dagster UI and daemon on the same instance the CLI uses."""
-    ensure_dagster_home()
-    os.environ["HANGAR_HOME"] = str(paths().home)
-    raise typer.Exit(subprocess.call([*dagster_dev_command(), "-p", str(port)]))
+    p = paths()
+    os.environ["HANGAR_HOME"] = str(p.home)
+    command = dagster_dev_command()
+    # Tells `hangar experiment run` in other shells where to ask for a reload.
+    url_file = p.home / WEBSERVER_URL_FILE
+    url_file.write_text(f"http://127.0.0.1:{port}\n")
+    # A shell may start us with SIGINT ignored, which children would inherit; dagster dev needs it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Its own process group, so that stopping hangar stops the webserver, daemon and code servers.
+    child = subprocess.Popen([*command, "-h", "127.0.0.1", "-p", str(port)], start_new_session=True)
+    signal.signal(signal.SIGTERM, lambda *_: _interrupt(child.pid))
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        _interrupt(child.pid)
+        code = child.wait()
+    finally:
+        url_file.unlink(missing_ok=True)
+    raise typer.Exit(code)
+
+
+def _interrupt(pgid: int) -> None:
+    """What Ctrl-C does: SIGINT to the whole group (dagster dev waits for its children)."""
+    try:
+        os.killpg(pgid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
 
 
 def dagster_dev_command() -> list[str]:
@@ -261,9 +287,15 @@ def dagster_dev_command() -> list[str]:
     return [dagster, "dev", "-w", str(workspace)]
 
 
-def _notify_webserver() -> None:
-    """Ask a running webserver (HANGAR_WEBSERVER_URL) to reload, so a new experiment shows at once."""
+def _notify_webserver(p: HangarPaths) -> None:
+    """Ask a running webserver to reload its code location, so a new experiment shows at once.
+
+    The webserver is HANGAR_WEBSERVER_URL, else the one `hangar ui` started on this HANGAR_HOME.
+    """
     url = os.environ.get("HANGAR_WEBSERVER_URL")
+    url_file = p.home / WEBSERVER_URL_FILE
+    if not url and url_file.is_file():
+        url = url_file.read_text().strip()
     if not url:
         return
     import urllib.request

@@ -46,6 +46,14 @@ def build_experiment_driver(
         jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
     )
     def experiment_driver(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
-        yield from next_stage_requests(context.instance, HangarPaths(Path(home)))
+        for request in next_stage_requests(context.instance, HangarPaths(Path(home))):
+            if (
+                request.job_name
+                and context.repository_def
+                and context.repository_def.has_job(request.job_name)
+            ):
+                yield request
+            else:  # submitted after this code location loaded: it runs once the location reloads
+                context.log.info(f"{request.job_name} is not loaded yet; reload the code location")
 
     return experiment_driver

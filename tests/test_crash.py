@@ -19,7 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def trial_files(home: Path) -> list[Path]:
-    return sorted((home / "parquet" / "trials").rglob("*.parquet")) if (home / "parquet").exists() else []
+    return (
+        sorted((home / "parquet" / "trials").rglob("*.parquet"))
+        if (home / "parquet").exists()
+        else []
+    )
 
 
 def test_sigkill_mid_run_then_resume(example_dir: Path, tmp_path: Path) -> None:
@@ -59,7 +63,10 @@ def test_sigkill_mid_run_then_resume(example_dir: Path, tmp_path: Path) -> None:
             "select count(*), count(distinct trial_key), max(attempt) from trials where experiment_id = ?",
             [experiment_id],
         ).fetchone()
-        graded = con.execute("select count(*) from experiment_index where experiment_id = ? and passed is not null", [experiment_id]).fetchone()
+        graded = con.execute(
+            "select count(*) from experiment_index where experiment_id = ? and passed is not null",
+            [experiment_id],
+        ).fetchone()
     finally:
         con.close()
     assert counts == (18, 18, 1)

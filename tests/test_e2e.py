@@ -127,7 +127,9 @@ def test_trials_ran_concurrently_but_never_above_parallel(finished: tuple[Path, 
     home, experiment_id, _ = finished
     con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
     try:
-        spans = con.execute("select started_at, finished_at from trials where experiment_id = ?", [experiment_id]).fetchall()
+        spans = con.execute(
+            "select started_at, finished_at from trials where experiment_id = ?", [experiment_id]
+        ).fetchall()
     finally:
         con.close()
     events = sorted([(s, 1) for s, _ in spans] + [(f, -1) for _, f in spans])

@@ -95,6 +95,23 @@ def test_highest_attempt_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert row["tamper_signals"] == []
 
 
+def test_summary_leaves_invalid_tasks_out_of_the_pass_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    # t1's hidden tests pass on the base: its "pass" says nothing about the agent.
+    store.put(
+        f.base_check("t1", base_passed=True, invalid=True, reason="hidden tests pass on base")
+    )
+    store.put(f.trial("base", "t1"))
+    store.put(f.grade("base", "t1", passed=True, task_invalid=True))
+    store.put(f.trial("base", "t2"))
+    store.put(f.grade("base", "t2", passed=False))
+    (row,) = store.summary(f.EXP)
+    assert (row["trials"], row["graded"], row["passed"], row["invalid_task"]) == (2, 1, 0, 1)
+    assert row["pass_rate_pts"] == 0.0
+
+
 def test_summary_excludes_infra_errors_from_the_denominator(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,6 +140,7 @@ def test_summary_excludes_infra_errors_from_the_denominator(
         "passed": 1,
         "graded": 1,
         "pass_rate_pts": 100.0,
+        "invalid_task": 0,
         "completed": 1,
         "empty_patch": 0,
         "agent_error": 0,

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from hangar_dagster.cli import WORKSPACE_YAML
 from tests.conftest import cli_env, hangar
 
 pytestmark = pytest.mark.slow
@@ -39,23 +38,20 @@ def graphql(port: int, query: str) -> dict[str, object]:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def test_webserver_lists_the_experiment_assets_with_lineage(
+def test_hangar_ui_lists_the_experiment_assets_with_lineage(
     example_dir: Path, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
     submitted = hangar("experiment", "run", str(example_dir / "experiment.yaml"), home=home)
     assert submitted.returncode == 0, submitted.stderr
     experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text(WORKSPACE_YAML)
     port = free_port()
-    env = cli_env(home)
-    env["DAGSTER_HOME"] = str(home / "dagster")
-    webserver = Path(sys.executable).with_name("dagster-webserver")
-    log = tmp_path / "webserver.log"
+    log = tmp_path / "ui.log"
+    # `hangar ui` with the CLI's environment: it must find the same DAGSTER_HOME by itself.
     proc = subprocess.Popen(
-        [str(webserver), "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-        env=env,
+        [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(port)],
+        env=cli_env(home),
+        cwd=tmp_path,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -83,10 +79,14 @@ def test_webserver_lists_the_experiment_assets_with_lineage(
         assert deps["grades"] >= {"trials"}
         assert deps["index"] == {"grades"}
         assert mine[(experiment_id, "trials")]["isPartitioned"] is True
+        assert (home / "webserver.url").read_text().strip() == f"http://127.0.0.1:{port}"
+        # SIGTERM to hangar alone stops the whole UI (webserver, daemon, code servers).
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert not (home / "webserver.url").exists()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+        except ProcessLookupError:
+            pass
+        proc.wait()
