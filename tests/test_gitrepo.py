@@ -17,37 +17,7 @@ from hangar_dagster.gitrepo import (
     resolve_base,
     take_patch,
 )
-
-
-class Upstream:
-    """base (v1) <- later (v2) on main, and an ``answers`` branch off base with its own blob."""
-
-    def __init__(self, root: Path):
-        self.path = root / "upstream"
-        self.path.mkdir()
-        git("init", "-q", "-b", "main", str(self.path))
-        (self.path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-        (self.path / "old.txt").write_text("old\n")
-        self.commit("base")
-        self.base = self.head()
-        git("tag", "v1", cwd=self.path)
-        git("checkout", "-q", "-b", "answers", cwd=self.path)
-        (self.path / "ANSWER.txt").write_text("secret answer\n")
-        self.commit("answer")
-        self.answer_commit = self.head()
-        self.answer_blob = git("rev-parse", "HEAD:ANSWER.txt", cwd=self.path).strip()
-        git("checkout", "-q", "main", cwd=self.path)
-        (self.path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-        self.commit("fix")
-        self.later = self.head()
-        git("tag", "-a", "v2", "-m", "annotated", cwd=self.path)
-
-    def commit(self, message: str) -> None:
-        git("add", "-A", cwd=self.path)
-        git("commit", "-q", "-m", message, cwd=self.path)
-
-    def head(self) -> str:
-        return git("rev-parse", "HEAD", cwd=self.path).strip()
+from tests.gitfixtures import Upstream
 
 
 @pytest.fixture

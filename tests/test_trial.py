@@ -13,17 +13,16 @@ import yaml
 
 from hangar_dagster.canary import MASK
 from hangar_dagster.config import HangarPaths
-from hangar_dagster.gitrepo import git
 from hangar_dagster.harness import freeze
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant, TrialKey
 from hangar_dagster.records import TrialRecord
 from hangar_dagster.spec import Environment, ExperimentSpec
 from hangar_dagster.trial import TrialRequest, run_trial
+from tests.gitfixtures import Upstream
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
-CALC = "def add(a, b):\n    return a - b\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 VERIFY = "python -c 'import calc; assert calc.add(2, 3) == 5'"
 TURN = (
@@ -31,34 +30,6 @@ TURN = (
     '>> "$HANGAR_TRACE_OUT"'
 )
 KEY = TrialKey("v1", "calc", 1)
-
-
-class Upstream:
-    """A task repo: the buggy base, then a later commit with the fix, a tag, an answers branch."""
-
-    def __init__(self, root: Path):
-        self.path = root / "upstream"
-        self.path.mkdir()
-        git("init", "-q", "-b", "main", str(self.path))
-        (self.path / "calc.py").write_text(CALC)
-        self.commit("base")
-        self.base = self.head()
-        git("checkout", "-q", "-b", "answers", cwd=self.path)
-        (self.path / "ANSWER.txt").write_text("the answer branch\n")
-        self.commit("answer")
-        self.answer_blob = git("rev-parse", "HEAD:ANSWER.txt", cwd=self.path).strip()
-        git("checkout", "-q", "main", cwd=self.path)
-        (self.path / "calc.py").write_text(CALC.replace("a - b", "a + b"))
-        self.commit("the fix")
-        self.later = self.head()
-        git("tag", "v2", cwd=self.path)
-
-    def commit(self, message: str) -> None:
-        git("add", "-A", cwd=self.path)
-        git("commit", "-q", "-m", message, cwd=self.path)
-
-    def head(self) -> str:
-        return git("rev-parse", "HEAD", cwd=self.path).strip()
 
 
 @pytest.fixture

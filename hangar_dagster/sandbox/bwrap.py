@@ -53,10 +53,10 @@ def _system_args() -> list[str]:
 
 
 def _mount_args(request: SandboxRequest) -> list[str]:
-    args = _system_args()
+    # The private /tmp first: the runtime may live under /tmp (a checkout there) and must show.
+    args = [*_system_args(), "--tmpfs", "/tmp"]
     for d in runtime_dirs():
         args += ["--ro-bind", d, d]
-    args += ["--tmpfs", "/tmp"]
     # The workdir before the mounts, so a mount may sit inside it.
     wd = str(request.workdir)
     args += ["--bind", wd, wd]

@@ -109,6 +109,9 @@ def main():
             bind(path, root + path, False)
         else:
             os.symlink(link, root + path)
+    # The private /tmp first: the runtime may live under /tmp (a checkout there) and must show.
+    os.mkdir(root + "/tmp")
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     for d in setup["runtime"]:
         bind(d, root + d, False)
     os.mkdir(root + "/proc")
@@ -125,8 +128,6 @@ def main():
         os.symlink(target, dev + "/" + name)
     os.mkdir(dev + "/shm")
     mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    os.mkdir(root + "/tmp")
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     workdir = setup["workdir"]
     bind(workdir, root + workdir, True)
     for src, target, writable in setup["mounts"]:

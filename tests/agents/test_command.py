@@ -11,13 +11,13 @@ import yaml
 
 from hangar_dagster.agents import AgentContext, get_agent
 from hangar_dagster.agents.command import CommandAgent
-from hangar_dagster.gitrepo import git, isolated_clone, take_patch
+from hangar_dagster.gitrepo import take_patch
 from hangar_dagster.harness import HarnessError, HarnessLock, freeze, tree_digest
 from hangar_dagster.sandbox import get_sandbox
+from tests.gitfixtures import make_clone
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-CALC = "def add(a, b):\n    return a - b\n"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 EVENTS = (
     'printf \'%s\\n\' \'{"type": "turn", "fingerprint": {"tools": ["edit"]}}\' '
@@ -52,19 +52,6 @@ def make_lock(tmp_path: Path, command: str | None, skills: bool = True) -> Harne
         (src / "skills" / "care").mkdir(parents=True)
         (src / "skills" / "care" / "SKILL.md").write_text("Read the tests first.\n")
     return freeze(src, tmp_path / "registry")
-
-
-def make_clone(tmp_path: Path) -> tuple[Path, str]:
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
-    git("init", "-q", "-b", "main", str(upstream))
-    (upstream / "calc.py").write_text(CALC)
-    git("add", "-A", cwd=upstream)
-    git("commit", "-q", "-m", "calc", cwd=upstream)
-    sha = git("rev-parse", "HEAD", cwd=upstream).strip()
-    clone = tmp_path / "clone"
-    isolated_clone(str(upstream), sha, clone)
-    return clone, sha
 
 
 def context(

@@ -30,11 +30,11 @@ from hangar_dagster.agents.standin_main import (
     solve_rate,
     unit,
 )
-from hangar_dagster.gitrepo import git, isolated_clone, take_patch
+from hangar_dagster.gitrepo import take_patch
 from hangar_dagster.harness import HarnessLock, freeze
 from hangar_dagster.sandbox import SandboxResult, SandboxUnavailable, get_sandbox
+from tests.gitfixtures import CALC, make_clone
 
-CALC = "def add(a, b):\n    return a - b\n"
 VERIFY = "python -c 'import calc; assert calc.add(2, 3) == 5'"
 PLAYBOOK = {
     "calc": {
@@ -70,20 +70,6 @@ def make_lock(
         (src / "skills" / "care").mkdir(parents=True)
         (src / "skills" / "care" / "SKILL.md").write_text(skill)
     return freeze(src, tmp_path / "registry")
-
-
-def make_clone(tmp_path: Path) -> tuple[Path, str]:
-    """A one-commit repo with the calc bug, and an isolated clone of it at that commit."""
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
-    git("init", "-q", "-b", "main", str(upstream))
-    (upstream / "calc.py").write_text(CALC)
-    git("add", "-A", cwd=upstream)
-    git("commit", "-q", "-m", "calc", cwd=upstream)
-    sha = git("rev-parse", "HEAD", cwd=upstream).strip()
-    clone = tmp_path / "clone"
-    isolated_clone(str(upstream), sha, clone)
-    return clone, sha
 
 
 def seed_where(wanted: bool, retry: bool, rate: float) -> str:

@@ -306,3 +306,17 @@ def test_bad_mount_names_the_field(wd: Path, tmp_path: Path) -> None:
                 mounts=[Mount(tmp_path / "nope", "/x")],
             )
         )
+
+
+def test_runtime_under_tmp_stays_visible_when_tmp_is_private(
+    sandbox: Sandbox, wd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a checkout (and so its .venv and package) under /tmp was hidden by the
+    sandbox's private /tmp, so nothing could run when CI cloned the project there."""
+    package = tmp_path / "checkout" / "hangar_dagster"
+    package.mkdir(parents=True)
+    (package / "marker.txt").write_text("visible\n")
+    monkeypatch.setattr("hangar_dagster.sandbox._common.PACKAGE_DIR", package)
+    code, out, err = sh(sandbox, wd, f"cat {package}/marker.txt && ls /tmp | wc -l")
+    assert code == 0, err
+    assert out.split() == ["visible", "1"]  # /tmp holds only the path to the runtime
