@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hangar_dagster.sandbox import Mount, Sandbox, SandboxRequest, SandboxUnavailable, get_sandbox
-from hangar_dagster.sandbox._common import PACKAGE_DIR
+from hangar_dagster.sandbox._common import PACKAGE_DIR, runtime_dirs
 
 BACKENDS = [
     pytest.param(
@@ -38,6 +38,11 @@ def wd(tmp_path: Path) -> Path:
     d = tmp_path / "wd"
     d.mkdir()
     return d
+
+
+def tmp_tops(paths: list[Path]) -> set[str]:
+    """The first component under /tmp of each path that lies there."""
+    return {p.relative_to("/tmp").parts[0] for p in paths if p.is_relative_to("/tmp")}
 
 
 def sh(
@@ -98,10 +103,11 @@ def test_workdir_is_writable_and_cwd(sandbox: Sandbox, wd: Path) -> None:
 def test_tmp_is_private_and_writable(sandbox: Sandbox, wd: Path) -> None:
     code, out, _ = sh(sandbox, wd, "echo x > /tmp/scratch && ls -A /tmp")
     assert code == 0
-    # Only the scratch file and the path down to the workdir (tmp_path lives under /tmp).
+    # Only the scratch file and the paths down to the workdir and the runtime (either may be
+    # under /tmp: pytest's tmp_path is, and so is a checkout cloned there).
     listing = set(out.split())
     assert "scratch" in listing
-    assert listing <= {"scratch", wd.relative_to("/tmp").parts[0]}
+    assert listing <= {"scratch", *tmp_tops([wd, *map(Path, runtime_dirs())])}
     assert not Path("/tmp/scratch").exists() or Path("/tmp/scratch").read_text() != "x\n"
 
 
@@ -317,6 +323,7 @@ def test_runtime_under_tmp_stays_visible_when_tmp_is_private(
     package.mkdir(parents=True)
     (package / "marker.txt").write_text("visible\n")
     monkeypatch.setattr("hangar_dagster.sandbox._common.PACKAGE_DIR", package)
-    code, out, err = sh(sandbox, wd, f"cat {package}/marker.txt && ls /tmp | wc -l")
+    code, out, err = sh(sandbox, wd, f"cat {package}/marker.txt && ls /tmp")
     assert code == 0, err
-    assert out.split() == ["visible", "1"]  # /tmp holds only the path to the runtime
+    assert out.split()[0] == "visible"
+    assert set(out.split()[1:]) == tmp_tops([wd, *map(Path, runtime_dirs())])
