@@ -12,11 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hangar_dagster.config import HangarPaths, ensure_dagster_home, paths
@@ -27,7 +29,8 @@ app = typer.Typer(
 )
 experiment = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 app.add_typer(experiment, name="experiment")
-console = Console()
+# Piped output (logs, CI) gets room for the summary table instead of rich's 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=140)
 err = Console(stderr=True)
 
 WORKSPACE_YAML = """load_from:
@@ -57,8 +60,19 @@ def _find(p: HangarPaths, name_or_id: str) -> Any:
 
 
 def _summary_table(summary: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title)
-    for col in ("variant", "trials", "passed", "pass rate (pts)", "infra errors"):
+    table = Table(
+        title=title, caption="execution failures are retried and left out; see docs/queue.md"
+    )
+    columns = (
+        "variant",
+        "trials",
+        "passed",
+        "pass rate (pts)",
+        "admissible",
+        "execution failures",
+        "evidence failures",
+    )
+    for col in columns:
         table.add_column(col, justify="left" if col == "variant" else "right")
     for row in summary:
         table.add_row(
@@ -66,23 +80,27 @@ def _summary_table(summary: list[dict[str, Any]], title: str) -> Table:
             str(row["trials"]),
             str(row["passed"]),
             f"{row['pass_rate_pts']}",
-            str(row.get("infra_error", 0)),
+            str(row["admissible"]),
+            str(row["execution_failures"]),
+            str(row["evidence_failures"]),
         )
     return table
 
 
 def _where_next(p: HangarPaths, experiment_id: str) -> None:
+    # Name the command as it can be typed here: the venv's bin is often not on PATH.
+    hangar = "hangar" if shutil.which("hangar") else sys.argv[0]
     console.print("\nWhere to look next:")
     console.print(
-        "  UI (assets, partitions, lineage):  [bold]hangar ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)"
+        f"  UI (assets, partitions, lineage):  [bold]{hangar} ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)"
     )
     console.print(
         f"  DuckDB (analysts):                 [bold]{p.duckdb}[/]  e.g. select * from variant_summary"
     )
     console.print(f"  Parquet:                           {p.parquet}")
-    console.print(f"  Index:                             hangar experiment get {experiment_id}")
+    console.print(f"  Index:                             {hangar} experiment get {experiment_id}")
     console.print(
-        f"  Export:                            hangar experiment export {experiment_id} -o out/{experiment_id}"
+        f"  Export:                            {hangar} experiment export {experiment_id} -o out/{experiment_id}"
     )
 
 
@@ -141,7 +159,7 @@ def _drive(p: HangarPaths, exp: Any) -> None:
     ensure_dagster_home()
     with dg.DagsterInstance.get() as instance:
         try:
-            run_stages(exp, instance)
+            run_stages(exp, instance, _store(p), say=lambda m: console.print(f"[yellow]{m}[/]"))
         except StageFailed as e:
             err.print(f"[red]{e}[/]")
             raise typer.Exit(1) from None
@@ -180,6 +198,7 @@ def get_cmd(
         "summary": store.summary(record.experiment_id),
         "trials": store.index(record.experiment_id),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
+        "queue": _queue_state(load_resolved(p, record.experiment_id), store),
     }
     out = mask(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
@@ -212,7 +231,26 @@ def get_cmd(
         )
     console.print(table)
     for note in out["notes"]:
-        console.print(f"  note [{note['kind']}]: {note['message']}")
+        console.print(escape(f"  note [{note['kind']}]: {note['message']}"))
+    queue = out["queue"]
+    if queue["pending_trials"]:
+        console.print(
+            f"  queue: {queue['pending_trials']} trial(s) to run; {queue['reason'] or 'ready to start'}"
+        )
+    for note in queue["notes"]:
+        console.print(f"  queue note: {note}")
+
+
+def _queue_state(exp: Any, store: Any) -> dict[str, Any]:
+    """What the eval queue still has for the experiment and why it waits (e.g. reason eval_window)."""
+    import datetime as dt
+
+    from hangar_dagster.queue import blocker, pending
+    from hangar_dagster.window import window_from_env
+
+    work = pending(exp, store)
+    why = blocker(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+    return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
 
 
 @experiment.command("export")
@@ -244,6 +282,97 @@ def schema_cmd(
         sys.stdout.write(text)
     else:
         out.write_text(text)
+
+
+eval_cli = typer.Typer(no_args_is_help=True, help="The eval budget.")
+app.add_typer(eval_cli, name="eval")
+
+
+@eval_cli.command("budget")
+def budget_cmd(
+    month: Annotated[
+        str | None, typer.Option("--month", help="YYYY-MM, a UTC month (default: this one).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the month as JSON.")] = False,
+) -> None:
+    """The month's eval spend per author and per experiment, against the monthly caps."""
+    from hangar_dagster.budget import BudgetConfigError, check_month, month_of, month_report
+    from hangar_dagster.records import utcnow
+
+    try:
+        chosen = check_month(month) if month else month_of(utcnow())
+    except ValueError as e:
+        err.print(f"[red]--month: {e}[/]")
+        raise typer.Exit(2) from None
+    try:
+        report = month_report(_store(paths()), chosen)
+    except BudgetConfigError as e:
+        err.print(f"[red]{e}[/]")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+        return
+    team = report.team
+    state = " [red](spent: no new trial starts)[/]" if team.exhausted else ""
+    console.print(f"[bold]eval budget {report.month}[/] (UTC month)")
+    console.print(f"team: {team.numbers()} USD{state}")
+    authors = Table(title="per author")
+    for col in ("author", "spent", "cap", "left"):
+        authors.add_column(col, justify="left" if col == "author" else "right")
+    for name, s in report.authors.items():
+        authors.add_row(name, f"{s.spent_usd:.2f}", f"{s.cap_usd:.2f}", f"{s.left_usd:.2f}")
+    experiments = Table(title="per experiment (projected: its own cap; -: none)")
+    for col in ("experiment", "author", "attempts", "spent", "projected", "left"):
+        experiments.add_column(col, justify="left" if col in ("experiment", "author") else "right")
+    for x in report.experiments:
+        experiments.add_row(
+            x.experiment_id,
+            x.author,
+            str(x.attempts),
+            f"{x.spent_usd:.2f}",
+            f"{x.projected_usd:.2f}" if x.left_usd is not None else "-",
+            f"{x.left_usd:.2f}" if x.left_usd is not None else "-",
+        )
+    console.print(authors)
+    console.print(experiments)
+
+
+@app.command("grade")
+def grade_cmd(
+    spec: Annotated[Path, typer.Option("--spec", help="The experiment spec (YAML).")],
+    task: Annotated[str, typer.Option("--task", help="The task id to grade against.")],
+    patch: Annotated[
+        Path | None, typer.Option("--patch", help="The patch to grade (git diff).")
+    ] = None,
+    base: Annotated[bool, typer.Option("--base", help="Grade the unpatched base.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the grade as JSON.")] = False,
+) -> None:
+    """Grade one patch (or, with --base, the bare base) against one task with the real grader."""
+    from hangar_dagster.grading.by_hand import PatchFileError, grade_by_hand, read_patch_file
+
+    if (patch is None) == (not base):
+        err.print("[red]refused:[/] give exactly one of --patch FILE.diff or --base")
+        raise typer.Exit(2)
+    try:
+        text = "" if patch is None else read_patch_file(patch)
+        result = grade_by_hand(spec, task, text, paths())
+    except (SpecError, PatchFileError) as e:
+        err.print(f"[red]refused:[/] {e}")
+        raise typer.Exit(2) from None
+    except KeyError as e:
+        err.print(f"[red]refused:[/] {e.args[0]}")
+        raise typer.Exit(2) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    else:
+        console.print(result["output"], markup=False, highlight=False)
+        verdict = "[green]pass[/]" if result["passed"] else "[red]fail[/]"
+        console.print(
+            f"{verdict} {result['task']} ({result['graded']}): tests {result['hidden_tests']} "
+            f"trust {result['trust']} reason {result['reason']} "
+            f"signals {result['tamper_signals']}"
+        )
+    raise typer.Exit(0 if result["passed"] else 1)
 
 
 @app.command("ui")
@@ -306,12 +435,19 @@ def _notify_webserver(p: HangarPaths) -> None:
         data=json.dumps({"query": query}).encode(),
         headers={"Content-Type": "application/json"},
     )
-    try:
-        urllib.request.urlopen(req, timeout=10).read()
-    except OSError as e:
-        err.print(
-            f"[yellow]could not reach the webserver at {url} to reload it ({e}); use Reload in the UI[/]"
-        )
+    # A webserver that `hangar ui` is still starting refuses connections for a few seconds.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(req, timeout=30).read()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                err.print(
+                    f"[yellow]could not reach the webserver at {url} to reload it ({e}); use Reload in the UI[/]"
+                )
+                return
+            time.sleep(2)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Definitions are a factory over stored experiments: every resolved spec under
 ``HANGAR_HOME/experiments/`` becomes one asset group with its stage jobs.
-Project-wide rules (the resource, the sensor) are applied here, in one place.
+Project-wide rules (the resource, the driver sensor, the eval-window drain) are
+applied here, in one place.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from hangar_dagster.assets import build_experiment_assets
 from hangar_dagster.config import ensure_dagster_home, paths
 from hangar_dagster.jobs import build_experiment_jobs
 from hangar_dagster.resources import HangarResource
-from hangar_dagster.sensors import build_experiment_driver
+from hangar_dagster.schedules import build_drain_schedule
+from hangar_dagster.sensors import build_experiment_driver, drain_all
 from hangar_dagster.submit import stored_experiments
+from hangar_dagster.window import window_from_env
 
 
 def build_definitions() -> dg.Definitions:
@@ -26,10 +29,12 @@ def build_definitions() -> dg.Definitions:
         group = build_experiment_assets(exp)
         assets += group
         jobs += build_experiment_jobs(exp, group)
+    window = window_from_env()
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
-        sensors=[build_experiment_driver(jobs, str(p.home))] if jobs else [],
+        sensors=[build_experiment_driver(jobs, str(p.home), window)] if jobs else [],
+        schedules=build_drain_schedule(window, lambda context: drain_all(context.instance, p)),
         resources={"hangar": HangarResource(home=str(p.home))},
     )
 

@@ -84,6 +84,8 @@ class BaseCheckRecord(Record):
     reason: str | None
     checked_at: dt.datetime
     run_id: str
+    # Test ids collected on base or the reference patch: every grade's report must have them.
+    expected_tests: list[str] = Field(default_factory=list)
 
 
 class TrialRecord(Record):
@@ -146,6 +148,7 @@ class GradeRecord(Record):
     task_invalid: bool
     grader_digest: str
     duration_s: float
+    canary_files: int = 0  # hidden files that carried the canary line in this grader run
 
 
 class NoteRecord(Record):

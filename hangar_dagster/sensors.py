@@ -1,59 +1,139 @@
-"""Sensors: the daemon-side driver that walks submitted experiments through their stages."""
+"""Sensors: the daemon-side driver that walks submitted experiments through their stages.
+
+It launches the setup stages once, then a trials run whenever the eval queue
+has work for the experiment and nothing blocks it (new keys, and infra-error
+retries within the retry rules: this is the infra-retry sensor), and the index
+after each trials run. At most one run of an experiment is in flight at a time.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 
-from hangar_dagster.assets.experiment import STAGES, TAG_EXPERIMENT, TAG_STAGE, job_name
+from hangar_dagster.assets.experiment import TAG_EXPERIMENT, TAG_STAGE, job_name
 from hangar_dagster.config import HangarPaths
-from hangar_dagster.runner import stage_tags
+from hangar_dagster.drain import request_drain
+from hangar_dagster.plan import ResolvedExperiment
+from hangar_dagster.queue import blocker, pending
+from hangar_dagster.runner import SETUP_STAGES, stage_tags
+from hangar_dagster.store import Store
 from hangar_dagster.submit import stored_experiments
+from hangar_dagster.window import EvalWindow
 
 DAEMON_MARKER = "drive-by-daemon"  # written by `hangar experiment run` without --wait
+IN_FLIGHT = frozenset(
+    {
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    }
+)
 
 
-def next_stage_requests(
-    instance: dg.DagsterInstance, paths: HangarPaths
-) -> Iterator[dg.RunRequest]:
-    """For each daemon-driven experiment, the next stage whose predecessors all succeeded."""
+@dataclass
+class Decisions:
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    waiting: list[str] = field(
+        default_factory=list
+    )  # "<experiment>: <reason>", shown as the skip reason
+
+
+def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
+    return dg.RunRequest(
+        run_key=f"{exp.experiment_id}:{stage}:{n}",
+        job_name=job_name(exp, stage),
+        tags=stage_tags(exp, stage),
+    )
+
+
+def decide(
+    instance: dg.DagsterInstance, paths: HangarPaths, window: EvalWindow, now: dt.datetime
+) -> Decisions:
+    """For each daemon-driven experiment, the next run it needs, or why it waits."""
+    out = Decisions()
+    store = Store(paths)
     for exp in stored_experiments(paths):
         if not (paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists():
             continue
-        runs = instance.get_runs(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id}))
-        latest: dict[str, dg.DagsterRun] = {}
-        for run in runs:  # newest first
-            latest.setdefault(run.tags.get(TAG_STAGE, ""), run)
-        for stage in STAGES:
-            stage_run = latest.get(stage)
-            if stage_run is None:
-                yield dg.RunRequest(
-                    run_key=f"{exp.experiment_id}:{stage}",
-                    job_name=job_name(exp, stage),
-                    tags=stage_tags(exp, stage),
+        records = instance.get_run_records(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id}))
+        if any(r.dagster_run.status in IN_FLIGHT for r in records):
+            continue
+        by_stage: dict[str, list[dg.RunRecord]] = {}
+        for record in records:  # newest first
+            by_stage.setdefault(record.dagster_run.tags.get(TAG_STAGE, ""), []).append(record)
+        setup_done = True
+        for stage in SETUP_STAGES:
+            done = by_stage.get(stage, [])
+            if not done:
+                out.requests.append(_request(exp, stage, 1))
+            if not done or done[0].dagster_run.status != dg.DagsterRunStatus.SUCCESS:
+                setup_done = (
+                    False  # requested now, or failed: a person looks before anything else starts
                 )
                 break
-            if stage_run.status != dg.DagsterRunStatus.SUCCESS:
-                break  # still running, or failed: a person looks before anything else starts
+        if not setup_done:
+            continue
+        trials_runs = by_stage.get("trials", [])
+        if pending(exp, store):
+            why = blocker(exp, store, window, now)
+            if why is None:
+                out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
+                continue
+            out.waiting.append(f"{exp.experiment_id}: {why}")
+        index_runs = by_stage.get("index", [])
+        # The index follows every trials run, and is written once more when nothing else can run.
+        if trials_runs and (
+            not index_runs or index_runs[0].create_timestamp < trials_runs[0].create_timestamp
+        ):
+            out.requests.append(_request(exp, "index", len(trials_runs)))
+    return out
+
+
+def trials_runs_in_flight(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+    runs = instance.get_runs(dg.RunsFilter(tags={TAG_STAGE: "trials"}))
+    return [r for r in runs if r.status in IN_FLIGHT]
+
+
+def drain_all(instance: dg.DagsterInstance, paths: HangarPaths) -> list[str]:
+    """The end-of-window drain: ask every trials run in flight to stop (its trials end as power_down)."""
+    drained = []
+    for run in trials_runs_in_flight(instance):
+        request_drain(paths, run.run_id)
+        drained.append(run.run_id)
+    return drained
 
 
 def build_experiment_driver(
-    jobs: list[dg.UnresolvedAssetJobDefinition], home: str
+    jobs: list[dg.UnresolvedAssetJobDefinition], home: str, window: EvalWindow
 ) -> dg.SensorDefinition:
     @dg.sensor(
         jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
     )
-    def experiment_driver(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
-        for request in next_stage_requests(context.instance, HangarPaths(Path(home))):
+    def experiment_driver(
+        context: dg.SensorEvaluationContext,
+    ) -> Iterator[dg.RunRequest | dg.SkipReason]:
+        decisions = decide(
+            context.instance, HangarPaths(Path(home)), window, dt.datetime.now(dt.UTC)
+        )
+        requested = False
+        for request in decisions.requests:
             if (
                 request.job_name
                 and context.repository_def
                 and context.repository_def.has_job(request.job_name)
             ):
+                requested = True
                 yield request
             else:  # submitted after this code location loaded: it runs once the location reloads
                 context.log.info(f"{request.job_name} is not loaded yet; reload the code location")
+        if not requested and decisions.waiting:
+            yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))
 
     return experiment_driver

@@ -10,6 +10,7 @@ to it, so many threads and processes can share it. docs/data.md has the layout.
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import json
 import logging
@@ -355,6 +356,30 @@ class Store:
             "ORDER BY variant, task, replicate",
             [experiment_id],
         )
+
+    def month_spend(self, month: str) -> list[dict[str, Any]]:
+        """Per author and experiment with attempts finished in ``month`` (``YYYY-MM``, UTC):
+        ``attempts`` and ``spent_usd`` in the month, ``spent_total_usd`` over all months."""
+        # nothing spent yet: answer without opening DuckDB, which would create the home
+        # (a submit the budget refuses must write nothing)
+        if not any(self.paths.parquet.glob(BY_NAME["trials"].glob())):
+            return []
+        in_month = "FILTER (WHERE month = ?)"
+        return self._query(
+            f"SELECT author, experiment_id, count(*) {in_month} AS attempts, "
+            f"coalesce(sum(cost_usd) {in_month}, 0) AS spent_usd, "
+            "sum(cost_usd) AS spent_total_usd FROM budget_ledger GROUP BY author, experiment_id "
+            f"HAVING count(*) {in_month} > 0 ORDER BY author, experiment_id",
+            [month, month, month],
+        )
+
+    def tokens_finished_since(self, since: dt.datetime) -> int:
+        """Tokens of every trial attempt (all experiments) that finished after ``since``."""
+        rows = self._query(
+            "SELECT coalesce(sum(tokens_in + tokens_out), 0) AS n FROM trials WHERE finished_at > ?",
+            [since],
+        )
+        return int(rows[0]["n"])
 
     def summary(self, experiment_id: str) -> list[dict[str, Any]]:
         """Per variant: trials, passed, graded, pass_rate_pts, outcome counts (variant_summary)."""

@@ -248,18 +248,37 @@ QUALIFY row_number() OVER (
 
 # Infra errors are excluded (they are retried), and so are grades of invalid tasks (hidden
 # tests that pass on the base can't tell a fix from no fix).
-_ADMISSIBLE = "outcome_class <> 'infra_error' AND NOT coalesce(task_invalid, false)"
+_IN_PASS_RATE = "outcome_class <> 'infra_error' AND NOT coalesce(task_invalid, false)"
+# retries.evidence_class in SQL (tests/test_retries.py checks they agree): a ran trial is
+# an evidence failure without a grade, on an invalid task, or when no hidden test ran.
+_EXECUTION_FAILURE = "outcome_class = 'infra_error'"
+_EVIDENCE_FAILURE = (
+    "outcome_class <> 'infra_error' AND (passed IS NULL OR coalesce(task_invalid, false)"
+    " OR coalesce(hidden_passed, 0) + coalesce(hidden_failed, 0) + coalesce(hidden_errors, 0) = 0)"
+)
 SUMMARY_VIEW = f"""CREATE OR REPLACE VIEW variant_summary AS
 SELECT experiment_id, variant,
   count(*) AS trials,
-  count(*) FILTER (WHERE {_ADMISSIBLE} AND passed) AS passed,
-  count(*) FILTER (WHERE {_ADMISSIBLE} AND passed IS NOT NULL) AS graded,
-  round(100 * (count(*) FILTER (WHERE {_ADMISSIBLE} AND passed))::DOUBLE
-    / nullif(count(*) FILTER (WHERE {_ADMISSIBLE} AND passed IS NOT NULL), 0), 1)
+  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed) AS passed,
+  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL) AS graded,
+  round(100 * (count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed))::DOUBLE
+    / nullif(count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL), 0), 1)
     AS pass_rate_pts,
   count(*) FILTER (WHERE task_invalid) AS invalid_task,
-  {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)}
+  {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)},
+  count(*) FILTER (WHERE {_EXECUTION_FAILURE}) AS execution_failures,
+  count(*) FILTER (WHERE {_EVIDENCE_FAILURE}) AS evidence_failures,
+  count(*) FILTER (WHERE NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})) AS admissible
 FROM experiment_index
 GROUP BY experiment_id, variant"""
 
-VIEWS: tuple[str, ...] = (INDEX_VIEW, SUMMARY_VIEW)
+# The monthly eval budget's ledger: every attempt costs money (infra errors too), so it reads
+# `trials`, not experiment_index; a cost counts in the UTC month its attempt finished in
+# (AT TIME ZONE keeps that independent of the DuckDB session's zone).
+LEDGER_VIEW = """CREATE OR REPLACE VIEW budget_ledger AS
+SELECT strftime(t.finished_at AT TIME ZONE 'UTC', '%Y-%m') AS month,
+  e.author, t.experiment_id, t.trial_key, t.attempt, t.cost_usd, t.finished_at
+FROM trials t
+JOIN experiments e ON e.experiment_id = t.experiment_id"""
+
+VIEWS: tuple[str, ...] = (INDEX_VIEW, SUMMARY_VIEW, LEDGER_VIEW)

@@ -15,6 +15,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from hangar_dagster.budget import projection_note, submit_problems
 from hangar_dagster.canary import mask, new_canary
 from hangar_dagster.config import HangarPaths
 from hangar_dagster.digests import sha256_json
@@ -24,7 +25,7 @@ from hangar_dagster.harness import HarnessError, load_lock
 from hangar_dagster.models import floating_reason
 from hangar_dagster.pins import environment_digest, pin_content, pin_set_id
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
-from hangar_dagster.records import ExperimentRecord, utcnow
+from hangar_dagster.records import ExperimentRecord, NoteRecord, utcnow
 from hangar_dagster.spec import ExperimentSpec, Problem, SpecError, Task, load_spec
 from hangar_dagster.store import Store
 
@@ -240,12 +241,16 @@ def masked_spec_json(exp: ResolvedExperiment) -> str:
 def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
     exp = resolve(load_spec(spec_path), spec_path)
+    store = Store(paths)
+    n_trials = len(exp.trial_keys())
+    if problems := submit_problems(store, exp.spec, exp.author, n_trials, exp.submitted_at):
+        raise SpecError(str(spec_path), problems)
     paths.experiments.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))
     (staging / RESOLVED).write_text(exp.model_dump_json(indent=2))
     os.replace(staging, paths.experiment_dir(exp.experiment_id))
     spec_json = masked_spec_json(exp)
-    Store(paths).put(
+    store.put(
         ExperimentRecord(
             experiment_id=exp.experiment_id,
             name=exp.name,
@@ -261,6 +266,8 @@ def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
             parallel=exp.spec.parallel,
         )
     )
+    if note := projection_note(exp.spec, n_trials):
+        store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))
     return exp
 
 

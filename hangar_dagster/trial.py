@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,15 @@ class TrialRequest:
     attempt: int
     retry_of: str | None
     run_id: str
+    # Set by the end-of-window drain: the attempt ends as infra_error / power_down (see drain.py).
+    cancel: threading.Event | None = field(default=None, compare=False)
+
+
+def _drained(req: TrialRequest) -> None:
+    if req.cancel is not None and req.cancel.is_set():
+        raise InfraError(
+            "power_down", "drained at the end of the eval window; runs again in the next one"
+        )
 
 
 class InfraError(Exception):
@@ -175,7 +185,9 @@ def _prepare(
 def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
     exp, variant = req.experiment, req.experiment.variants[req.key.variant]
     task = exp.tasks[req.key.task]
+    _drained(req)
     sandbox, harness, git_dir, base = _prepare(req, work, state)
+    _drained(req)
     assert state.agent is not None
     res = variant.environment.resources
     ctx = AgentContext(
@@ -199,6 +211,7 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
         raise InfraError("sandbox_create", str(err)) from err
     except HarnessError as err:
         raise InfraError("harness", str(err)) from err
+    _drained(req)  # the drain killed the agent's sandbox: its exit says nothing about the agent
     for found in sorted((work / "agent").rglob("RESULT.md")):
         state.result_md = read_sandbox_file(found, RESULT_LIMIT)
         break
@@ -217,6 +230,7 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
             "passed": result.exit_code == 0,
             "duration_s": round(result.duration_s, 3),
         }
+        _drained(req)
 
 
 def _outcome(exp: ResolvedExperiment, state: _Trial) -> OutcomeClass:

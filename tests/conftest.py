@@ -20,6 +20,7 @@ def hangar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HANGAR_HOME", str(home))
     # Set (not deleted) so that code which exports DAGSTER_HOME is undone after the test.
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
+    monkeypatch.setenv("HANGAR_EVAL_WINDOW", "always")
     return home
 
 
@@ -39,12 +40,19 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cli_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     env["HANGAR_HOME"] = str(home)
+    env["HANGAR_EVAL_WINDOW"] = "always"  # tests that need a window set their own
     return env
 
 
-def hangar(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """Run the real ``hangar`` CLI in a subprocess against ``home``."""
+def hangar(
+    *args: str, home: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``hangar`` CLI in a subprocess against ``home`` (``env`` adds variables)."""
     exe = Path(sys.executable).with_name("hangar")
     return subprocess.run(
-        [str(exe), *args], env=cli_env(home), capture_output=True, text=True, timeout=timeout
+        [str(exe), *args],
+        env=cli_env(home) | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import dagster as dg
 
 from hangar_dagster.config import paths
 from hangar_dagster.definitions import build_definitions
-from hangar_dagster.sensors import DAEMON_MARKER, next_stage_requests
+from hangar_dagster.sensors import DAEMON_MARKER, decide
 from hangar_dagster.submit import submit
+from hangar_dagster.window import parse_window
 
 
 def test_definitions_load_with_no_experiments(hangar_home: Path) -> None:
@@ -45,7 +47,9 @@ def test_driver_requests_the_first_stage_only_for_daemon_experiments(
     queued = submit(example_dir / "experiment.yaml", paths())
     (paths().experiment_dir(queued.experiment_id) / DAEMON_MARKER).touch()
     with dg.instance_for_test() as instance:
-        requests = list(next_stage_requests(instance, paths()))
+        requests = decide(
+            instance, paths(), parse_window("always"), dt.datetime.now(dt.UTC)
+        ).requests
     assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec_job"]
-    assert requests[0].run_key == f"{queued.experiment_id}:spec"
+    assert requests[0].run_key == f"{queued.experiment_id}:spec:1"
     assert waited.experiment_id not in requests[0].job_name

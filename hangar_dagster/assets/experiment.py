@@ -12,6 +12,7 @@ the moment it finishes; the attempt is a new materialization of the same
 partition, with ``attempt`` in its metadata.
 """
 
+import datetime as dt
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -19,19 +20,21 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-from hangar_dagster.grading.grader import check_base, grade_trial
+from hangar_dagster.drain import DrainWatcher, drain_marker
+from hangar_dagster.grading.grader import check_base, contamination_notes, grade_trial
 from hangar_dagster.harness import load_lock
 from hangar_dagster.pins import pin_content, pin_set_record
 from hangar_dagster.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.queue import TokenThrottle, blocker, pending, tpm_budget
 from hangar_dagster.records import ExperimentPinRecord, GradeRecord, TrialRecord
 from hangar_dagster.resources import HangarResource
+from hangar_dagster.store import DuplicateRecordError
 from hangar_dagster.trial import TrialRequest, run_trial
+from hangar_dagster.window import window_from_env
 
 STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
 TAG_EXPERIMENT = "hangar/experiment"
 TAG_STAGE = "hangar/stage"
-TAG_ATTEMPT = "hangar/attempt"  # set on runs that retry a single trial key
-TAG_RETRY_OF = "hangar/retry_of"
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,6 +78,7 @@ def _trial_metadata(t: TrialRecord, reused: bool) -> dict[str, Any]:
     return {
         "trial_key": t.trial_key,
         "attempt": t.attempt,
+        "retry_of": t.retry_of or "",
         "run_of_attempt": t.run_id,
         "reused": reused,
         "outcome_class": t.outcome_class,
@@ -248,45 +252,75 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     )
     def trials(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
+        window = window_from_env()
+        work = pending(exp, store)
+        for note in work.notes:
+            context.log.warning(note)
+        todo = {k.key for k in work.keys}
         latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
-        retry_of = context.run.tags.get(TAG_RETRY_OF)
-        todo: list[TrialKey] = []
+        run: list[TrialKey] = []
         for pk in context.partition_keys:
             key = trial_key_of(trials_def, pk)
+            prior = latest.get(key.key)
             if key.task not in exp.variants[key.variant].tasks:
                 context.add_asset_metadata(
                     {"skipped": "task not in this variant"}, partition_key=pk
                 )
-                continue
-            prior = latest.get(key.key)
-            # A finished attempt is kept (a resumed run loses and repeats nothing); infra errors run again.
-            if prior is not None and prior.outcome_class != "infra_error":
+            elif key.key in todo:
+                run.append(key)
+            elif prior is not None:
+                # A finished attempt is kept (a resumed run loses and repeats nothing); an
+                # infra error the retry rules refuse stays as it is (see the notes).
                 context.add_asset_metadata(_trial_metadata(prior, reused=True), partition_key=pk)
-            else:
-                todo.append(key)
+        throttle = TokenThrottle(store.tokens_finished_since, tpm_budget())
 
-        def one(key: TrialKey) -> TrialRecord:
-            attempt = store.next_attempt(exp.experiment_id, key.key)
-            prior = latest.get(key.key)
-            record, _patch = run_trial(
-                TrialRequest(
+        def drain_reason(now: dt.datetime) -> str | None:
+            if drain_marker(hangar.paths, context.run_id).exists():
+                return "power_down: drain requested"
+            return (
+                None
+                if window.is_open(now)
+                else f"power_down: the eval window {window.describe()} closed"
+            )
+
+        with DrainWatcher(drain_reason) as watcher:
+
+            def one(key: TrialKey) -> TrialRecord | str:
+                throttle.wait(cancelled=watcher.cancel.is_set)
+                why = watcher.why or blocker(exp, store, window, dt.datetime.now(dt.UTC))
+                if why:
+                    return why  # not started; a later run picks it up
+                retry = work.retries.get(key.key)
+                request = TrialRequest(
                     experiment=exp,
                     key=key,
-                    attempt=attempt,
-                    retry_of=retry_of or (prior.run_id if prior else None),
+                    attempt=retry.attempt
+                    if retry
+                    else store.next_attempt(exp.experiment_id, key.key),
+                    retry_of=retry.retry_of if retry else None,
                     run_id=context.run_id,
-                ),
-                hangar.paths,
-            )
-            store.put(record)  # stored the moment it finishes: a crash later loses nothing
-            return record
+                    cancel=watcher.cancel,
+                )
+                record, _patch = run_trial(request, hangar.paths)
+                try:
+                    store.put(record)  # stored the moment it finishes: a crash later loses nothing
+                except DuplicateRecordError:
+                    return "another run stored this attempt first"  # two runs raced: one counts
+                return record
 
-        for key, record in _concurrently(todo, one, exp.spec.parallel):
-            context.log.info(
-                f"trial {key.key} attempt {record.attempt}: {record.outcome_class} ({record.duration_s:.1f}s)"
-            )
-            pk = dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
-            context.add_asset_metadata(_trial_metadata(record, reused=False), partition_key=pk)
+            for key, result in _concurrently(run, one, exp.spec.parallel):
+                pk = dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
+                if isinstance(result, str):
+                    context.log.info(f"trial {key.key} not started: {result}")
+                    context.add_asset_metadata(
+                        {"started": False, "reason": result}, partition_key=pk
+                    )
+                    continue
+                context.log.info(
+                    f"trial {key.key} attempt {result.attempt}: {result.outcome_class}"
+                    f"{' / ' + result.infra_reason if result.infra_reason else ''} ({result.duration_s:.1f}s)"
+                )
+                context.add_asset_metadata(_trial_metadata(result, reused=False), partition_key=pk)
 
     @dg.asset(
         key=[prefix, "grades"],
@@ -332,6 +366,8 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 exp, trial, patch, checks.get(trial.task), context.run_id, hangar.paths
             )
             store.put(grade)
+            for note in contamination_notes(grade):  # the experiment note and the audit entry
+                store.put(note)
             return grade
 
         for (pk, _trial), grade in _concurrently(todo, one, exp.spec.parallel):
@@ -353,10 +389,16 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             f"| {s['variant']} | {s['trials']} | {s['passed']} | {s['pass_rate_pts']} |"
             for s in summary
         ]
+        work = pending(exp, store)
+        # Why trials are still missing, if they are: the window, a spent budget, the breaker.
+        why = blocker(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
         return dg.MaterializeResult(
             metadata={
                 "summary": dg.MetadataValue.md("\n".join(table)),
                 "trial_keys": len(rows),
+                "pending_trials": len(work.keys),
+                "waiting_for": why or "",
+                "queue_notes": "; ".join(work.notes),
                 "graded": sum(int(s["graded"]) for s in summary),
                 "passed": sum(int(s["passed"]) for s in summary),
                 "invalid_tasks": ", ".join(

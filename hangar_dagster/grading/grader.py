@@ -13,13 +13,17 @@ left for sealing (uid split, pipes, a trusted reporter).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
+import stat
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -29,11 +33,13 @@ from hangar_dagster.config import HangarPaths
 from hangar_dagster.digests import sha256_json
 from hangar_dagster.fsutil import remove_tree, write_atomic
 from hangar_dagster.gitrepo import GitError, apply_patch, changed_files, isolated_clone
-from hangar_dagster.grading.junit import JunitResult, parse_junit, zero_counts
+from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
+from hangar_dagster.grading.junit import MAX_BYTES, JunitResult, parse_junit_bytes, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
 from hangar_dagster.plan import ResolvedExperiment
-from hangar_dagster.records import BaseCheckRecord, GradeRecord, TrialRecord, Trust
-from hangar_dagster.sandbox import Mount, SandboxRequest, get_sandbox
+from hangar_dagster.records import BaseCheckRecord, GradeRecord, NoteRecord, TrialRecord, Trust
+from hangar_dagster.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
+from hangar_dagster.sandbox._common import Capture
 from hangar_dagster.spec import Grader
 
 Runner = Literal["hangar-grade", "command"]
@@ -79,6 +85,11 @@ _KEEP_FIRST = re.compile(r"^(#!|#.*coding[:=])")
 # Anything but a plain `hangar-grade ...` call: the shell could run something else as well.
 _SHELL_META = re.compile(r"[;&|`$<>(){}\n]")
 _OUT_CAP = 64 * 1024  # bytes of $HANGAR_GRADE_OUT kept in the output
+_REPORT_CAP = 4 * 1024 * 1024  # bytes of the trusted reporter's stream
+# The unprivileged uids grader commands run as: a range no account uses.
+_UID_BASE, _UID_SPAN = 1_500_000_000, 100_000_000
+_MAX_PROCESSES = 256  # processes and threads of one grader run (RLIMIT_NPROC)
+_MAX_FILE_MB = 256  # the largest file a grader command can write (RLIMIT_FSIZE)
 _ENV_EXTRA = {"HANGAR_TRIAL", "HANGAR_VARIANT"}
 
 
@@ -94,6 +105,10 @@ class GraderRun:
     passed: bool
     # Paths the patch names that exist at the base commit (for touched_tests).
     base_paths: tuple[str, ...] = ()
+    uid_split: bool = False  # the command ran unprivileged, as the trusted reporter confirmed
+    run_signals: tuple[str, ...] = ()  # tamper seen while it ran (reporter, hidden digest)
+    canary_files: int = 0  # hidden files that carry the canary line
+    collected: tuple[str, ...] = ()  # test ids the trusted reporter saw collected
 
 
 def hidden_files_for(experiment: ResolvedExperiment, task_id: str) -> dict[str, str]:
@@ -131,11 +146,12 @@ def grader_runner(command: str) -> Runner:
     return "hangar-grade" if words and words[0] == "hangar-grade" else "command"
 
 
-def grade_trust(grader: Grader) -> Trust:
-    """best_effort for hangar-grade with hidden files (no uid split yet), low otherwise."""
+def grade_trust(grader: Grader, uid_split: bool = False) -> Trust:
+    """low for files in the repo or a command that isn't hangar-grade; else isolated with the
+    uid split, best_effort without it."""
     if grader.files_mode == "in_repo" or grader_runner(grader.command) != "hangar-grade":
         return "low"
-    return "best_effort"
+    return "isolated" if uid_split else "best_effort"
 
 
 def decide(exit_code: int | None, timed_out: bool, junit: JunitResult) -> tuple[bool, str | None]:
@@ -217,14 +233,6 @@ def _make_read_only(root: Path) -> None:
     os.chmod(root, 0o555)
 
 
-def _read_capped(path: Path, cap: int) -> str:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(cap).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def _failed(
     reason: str, started: float, output: str = "", base_paths: tuple[str, ...] = ()
 ) -> GraderRun:
@@ -238,6 +246,84 @@ def _safe_label(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:60] or "run"
 
 
+def grader_user() -> RunAs | None:
+    """A fresh unprivileged uid for one grader run, or None where hangar cannot switch uid.
+
+    Fresh per run, so RLIMIT_NPROC (counted per uid, host-wide) bounds this run
+    alone and no two grader runs share a uid.
+    """
+    if os.geteuid() != 0:
+        return None
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
+    return RunAs(uid=uid, gid=uid, max_processes=_MAX_PROCESSES, max_file_mb=_MAX_FILE_MB)
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every entry under ``root``: path, type, mode, and content or link target."""
+    entries: list[list[str]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted([*dirnames, *filenames]):
+            full = Path(dirpath, name)
+            st = full.lstat()
+            rel = full.relative_to(root).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                body = "link:" + os.readlink(full)
+            elif stat.S_ISREG(st.st_mode):
+                body = hashlib.sha256(full.read_bytes()).hexdigest()
+            else:
+                body = "dir" if stat.S_ISDIR(st.st_mode) else "other"
+            entries.append([rel, oct(st.st_mode), str(st.st_uid), body])
+    return "sha256:" + sha256_json([oct(root.lstat().st_mode), entries])
+
+
+def _hand_over(repo: Path, uid: int) -> None:
+    """Make the patched repo the unprivileged user's (links themselves, never their targets)."""
+    os.lchown(repo, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in [*dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def _purge_bytecode(repo: Path) -> None:
+    """Delete every compiled Python file of the repo: a stale or planted .pyc is never loaded."""
+    for dirpath, dirnames, filenames in os.walk(repo):
+        if ".git" in dirnames:
+            dirnames.remove(".git")
+        for name in filenames:
+            if name.endswith((".pyc", ".pyo")):
+                os.unlink(os.path.join(dirpath, name))
+        if "__pycache__" in dirnames:
+            dirnames.remove("__pycache__")
+            cache = Path(dirpath, "__pycache__")
+            if cache.is_symlink():
+                cache.unlink()
+            else:
+                remove_tree(cache)
+
+
+class _Pipe:
+    """A pipe the grader reads while the command runs; the command gets its write end."""
+
+    def __init__(self, cap: int, uid: int | None) -> None:
+        read_end, self.write_end = os.pipe()
+        if uid is not None:
+            # /proc/self/fd/N reopens the pipe: its inode must be the command's to open.
+            os.fchown(self.write_end, uid, uid)
+        self.reader = Capture(os.fdopen(read_end, "rb"), cap + 1)
+        self.reader.start()
+
+    @property
+    def path(self) -> str:
+        return f"/proc/self/fd/{self.write_end}"
+
+    def finish(self) -> bytes:
+        """Everything read (at most cap + 1 bytes), once every writer is gone."""
+        os.close(self.write_end)
+        self.reader.join(timeout=30)
+        return bytes(self.reader.kept)
+
+
 def run_grader(
     experiment: ResolvedExperiment,
     task_id: str,
@@ -246,13 +332,16 @@ def run_grader(
     label: str,
     work_root: Path,
     env_extra: dict[str, str],
+    expected_tests: Collection[str] = (),
 ) -> GraderRun:
     """Grade ``patch`` (empty for the bare base) on a fresh clone of the task, in the sandbox.
 
     ``env_extra`` may set HANGAR_TRIAL and HANGAR_VARIANT (defaults: ``label``
-    and empty). A patch that does not apply, or a network the local sandbox
-    cannot give, is a failed run with a reason; a sandbox that cannot be
-    created raises ``SandboxUnavailable`` (infrastructure, not a grade).
+    and empty); ``expected_tests`` are test ids the base check collected, each
+    of which must be in the report. A patch that does not apply, or a network
+    the local sandbox cannot give, is a failed run with a reason; a sandbox
+    that cannot be created raises ``SandboxUnavailable`` (infrastructure, not
+    a grade).
     """
     unknown = sorted(set(env_extra) - _ENV_EXTRA)
     if unknown:
@@ -272,8 +361,9 @@ def run_grader(
         )
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"grade-{_safe_label(label)}-", dir=work_root))
+    pipes: list[_Pipe] = []
     try:
-        repo, hidden, out = work / "repo", work / "hidden", work / "out"
+        repo, hidden = work / "repo", work / "hidden"
         isolated_clone(task.repo, task.base_sha, repo)
         base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
         try:
@@ -282,25 +372,33 @@ def run_grader(
             return _failed(
                 f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
             )
+        _purge_bytecode(repo)
         files = hidden_files_for(experiment, task_id)
-        out.mkdir()
-        mounts = [Mount(out, str(out), writable=True)]
+        mounts: list[Mount] = []
+        hidden_digest: str | None = None
         if grader.files_mode == "hidden":
             hidden.mkdir()
             canary_files = write_hidden_files(hidden, files, canary)
             _make_read_only(hidden)
-            mounts.insert(0, Mount(hidden, str(hidden), writable=False))
+            hidden_digest = tree_digest(hidden)
+            mounts.append(Mount(hidden, str(hidden), writable=False))
             hidden_dir = hidden
         else:
             # The old layout: the files sit in the repo, where the patch's code can change them.
             canary_files = write_hidden_files(repo, files, canary)
             hidden_dir = repo
-        junit_path, grade_out = out / "junit.xml", out / "grade-out.txt"
+        run_as = grader_user()
+        if run_as is not None:
+            _hand_over(repo, run_as.uid)
+        uid = run_as.uid if run_as else None
+        pipes = [_Pipe(_OUT_CAP, uid), _Pipe(MAX_BYTES, uid), _Pipe(_REPORT_CAP, uid)]
+        grade_out, junit_pipe, report_pipe = pipes
         env = {
             "HANGAR_HIDDEN_TESTS": str(hidden_dir),
             "HANGAR_REPO": str(repo),
-            "HANGAR_GRADE_OUT": str(grade_out),
-            "HANGAR_GRADE_JUNIT": str(junit_path),
+            "HANGAR_GRADE_OUT": grade_out.path,
+            "HANGAR_GRADE_JUNIT": junit_pipe.path,
+            "HANGAR_GRADE_REPORT": report_pipe.path,
             "HANGAR_TRIAL": label,
             "HANGAR_TASK": task_id,
             "HANGAR_VARIANT": "",
@@ -320,19 +418,40 @@ def run_grader(
                 memory_mb=experiment.spec.environment.resources.memory_mb,
                 mounts=mounts,
                 network=False,
+                run_as=run_as,
+                pass_fds=tuple(p.write_end for p in pipes),
             )
         )
-        junit = parse_junit(junit_path)
+        # Every process of the sandbox is gone: what the pipes hold now is all there is.
+        extra, junit_bytes, report_bytes = (p.finish() for p in pipes)
+        pipes = []
+        junit = parse_junit_bytes(junit_bytes, "$HANGAR_GRADE_JUNIT")
+        if not junit_bytes:
+            junit = JunitResult(False, "no JUnit report was written to $HANGAR_GRADE_JUNIT")
         passed, reason = decide(result.exit_code, result.timed_out, junit)
+        runner = grader_runner(grader.command)
+        stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
+        problems, signals = cross_check(junit, stream, expected_tests)
+        if len(report_bytes) > _REPORT_CAP:
+            problems.append("the trusted reporter's stream is over its size cap")
+        if hidden_digest is not None and tree_digest(hidden) != hidden_digest:
+            problems.append("the hidden tests changed during the run")
+            signals.append("run: hidden tests changed")
+        if problems:
+            passed = False
+            reason = "; ".join([*([reason] if reason else []), *problems])
+        uid_split = stream is not None and split_confirmed(stream, run_as)
         parts = [result.stdout]
         if result.stderr:
             parts.append(f"--- stderr ---\n{result.stderr}")
-        if extra := _read_capped(grade_out, _OUT_CAP):
-            parts.append(f"--- $HANGAR_GRADE_OUT ---\n{extra}")
+        if extra:
+            text = extra[:_OUT_CAP].decode("utf-8", errors="replace")
+            parts.append(f"--- $HANGAR_GRADE_OUT ---\n{text}")
         parts.append(
             f"--- hangar ---\nexit: {result.exit_code} timed_out: {result.timed_out} "
             f"tests: {json.dumps(junit.counts)} passed: {passed} reason: {reason} "
-            f"canary_files: {canary_files}\n"
+            f"canary_files: {canary_files} uid_split: {uid_split} "
+            f"signals: {json.dumps(signals)}\n"
         )
         return GraderRun(
             exit_code=result.exit_code,
@@ -344,8 +463,14 @@ def run_grader(
             duration_s=time.monotonic() - started,
             passed=passed,
             base_paths=base_paths,
+            uid_split=uid_split,
+            run_signals=tuple(mask(signals, canary)),
+            canary_files=canary_files,
+            collected=tuple(stream.collected or ()) if stream is not None else (),
         )
     finally:
+        for p in pipes:
+            p.finish()
         remove_tree(work)
 
 
@@ -389,6 +514,7 @@ def grade_trial(
             label=trial.trial_key,
             work_root=paths.work / "grading",
             env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
+            expected_tests=base_check.expected_tests if base_check is not None else (),
         )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     return GradeRecord(
@@ -404,11 +530,11 @@ def grade_trial(
         hidden_tests=run.counts,
         exit_code=run.exit_code,
         reason=run.reason,
-        trust=grade_trust(grader),
+        trust=grade_trust(grader, run.uid_split),
         files_mode=grader.files_mode,
         network=grader.network,
         runner=grader_runner(grader.command),
-        tamper_signals=tamper_signals(patch),
+        tamper_signals=[*tamper_signals(patch), *run.run_signals],
         touched_tests=touched_tests(patch, run.base_paths),
         # The trial searched its own outputs before masking them; the grader adds what it can see.
         contamination=sorted(
@@ -418,7 +544,28 @@ def grade_trial(
         task_invalid=base_check.invalid if base_check is not None else False,
         grader_digest=experiment.grader_digest,
         duration_s=run.duration_s,
+        canary_files=run.canary_files,
     )
+
+
+def contamination_notes(grade: GradeRecord) -> list[NoteRecord]:
+    """For a grade whose trial leaked the canary: the experiment note and the audit entry."""
+    if not grade.contamination:
+        return []
+    where = ", ".join(grade.contamination)
+    who = f"trial {grade.trial_key} attempt {grade.attempt}"
+    return [
+        NoteRecord(
+            experiment_id=grade.experiment_id,
+            kind="contamination",
+            message=f"{who} is contaminated: the grader's canary was seen in {where}",
+        ),
+        NoteRecord(
+            experiment_id=grade.experiment_id,
+            kind="audit",
+            message=f"grade.canary_seen: {who} (run {grade.run_id}): {where}",
+        ),
+    ]
 
 
 def base_check_log(paths: HangarPaths, experiment_id: str, task_id: str) -> Path:
@@ -478,4 +625,6 @@ def check_base(
         reason="; ".join(reasons) or None,
         checked_at=dt.datetime.now(dt.UTC),
         run_id=run_id,
+        # What every trial's report must name: collected on base or on the reference patch.
+        expected_tests=sorted({*base.collected, *(ref.collected if ref is not None else ())}),
     )

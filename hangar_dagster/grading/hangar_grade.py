@@ -2,8 +2,9 @@
 
 ``hangar-grade pytest [args]`` replaces itself (``os.execve``) with
 
-    python -I -B -m pytest -p no:cacheprovider --noconftest -c /dev/null -o addopts= ...
-        --rootdir $HANGAR_HIDDEN_TESTS -p hangar_dagster.grading.pytest_plugin
+    python -I -B --check-hash-based-pycs always -m pytest -p no:cacheprovider --noconftest
+        -c /dev/null -o addopts= ... --rootdir $HANGAR_HIDDEN_TESTS
+        -p hangar_dagster.grading.reporter -p hangar_dagster.grading.pytest_plugin
         --junitxml $HANGAR_GRADE_JUNIT [args] $HANGAR_HIDDEN_TESTS
 
 from the hidden tests directory, with an environment built from scratch:
@@ -16,7 +17,10 @@ from the hidden tests directory, with an environment built from scratch:
   setup.cfg or pyproject.toml of the repo is read.
 * PYTEST_DISABLE_PLUGIN_AUTOLOAD, no PYTEST_ADDOPTS / PYTEST_PLUGINS: only
   the plugins named here load; ``-p no:cacheprovider``: no cache written.
-* the repo reaches sys.path only through ``pytest_plugin`` once pytest runs.
+* the repo reaches sys.path only through ``pytest_plugin`` once pytest runs;
+  ``reporter`` (the trusted reporter) loads first of all.
+* ``--check-hash-based-pycs always``: a hash-based .pyc is checked against
+  its source (the grader also deletes every .pyc of the repo before the run).
 
 The ``args`` come from the experiment's grader command (the spec's author),
 never from the code under test.
@@ -33,7 +37,7 @@ REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
 # The only variables kept from the caller's environment: the grader's own and a few basics.
 # A named list, not a HANGAR_* prefix, so nothing can smuggle a variable through by its name.
 _KEEP = (
-    *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
+    *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_GRADE_REPORT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
     "HANGAR_EXPERIMENT", "PATH", "HOME", "LANG", "LC_ALL", "TZ",
 )  # fmt: skip
 
@@ -64,7 +68,7 @@ def pytest_command(
     if not os.path.isdir(hidden):
         raise UsageError(f"hangar-grade: HANGAR_HIDDEN_TESTS={hidden!r} is not a directory")
     argv = [
-        sys.executable, "-I", "-B", "-m", "pytest",
+        sys.executable, "-I", "-B", "--check-hash-based-pycs", "always", "-m", "pytest",
         "-p", "no:cacheprovider",
         "--noconftest",
         "-c", os.devnull,
@@ -72,6 +76,7 @@ def pytest_command(
         "-o", "python_files=test_*.py *_test.py",
         "--import-mode=prepend",
         "--rootdir", hidden,
+        "-p", "hangar_dagster.grading.reporter",
         "-p", "hangar_dagster.grading.pytest_plugin",
         "--junitxml", environ["HANGAR_GRADE_JUNIT"],
         *args,

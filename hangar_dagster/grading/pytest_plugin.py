@@ -1,17 +1,36 @@
-"""The pytest plugin ``hangar-grade pytest`` loads with ``-p``: it puts the repo on sys.path.
+"""The pytest plugin ``hangar-grade pytest`` loads with ``-p``: the repo on sys.path, hidden conftests.
 
 The repo goes on sys.path only here, once pytest has started, so nothing in it
 (a .pth file, sitecustomize.py, a pytest plugin it declares, a module named
 like one pytest imports at startup) can run before the runner is in place.
-Issue 3 hooks the hidden tests' own conftest.py in here too.
+
+``--noconftest`` keeps every conftest.py out, the hidden tests' own included;
+those are registered here instead, by path, as plugins: their fixtures and
+hooks work (for every hidden test, whatever directory they sit in), options
+they would add do not (the command line is parsed by then), and nothing of
+the repo is loaded with them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
+
+
+def _register_hidden_conftests(config: pytest.Config, hidden: str) -> None:
+    for n, path in enumerate(sorted(Path(hidden).rglob("conftest.py"))):
+        name = f"hangar_hidden_conftest_{n}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise pytest.UsageError(f"hangar-grade: cannot load hidden {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        config.pluginmanager.register(module, name)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,6 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # over any installed copy of the same package.
     if repo not in sys.path:
         sys.path.insert(0, repo)
+    hidden = os.environ.get("HANGAR_HIDDEN_TESTS")
+    # In files_mode in_repo the hidden tests are the repo: its conftests stay out.
+    if hidden and os.path.isdir(hidden) and os.path.realpath(hidden) != os.path.realpath(repo):
+        _register_hidden_conftests(config, hidden)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -16,6 +16,8 @@ from hangar_dagster.gitrepo import changed_files
 
 # Files that run code or change options when pytest or Python starts, wherever they sit.
 _HOOK_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini"}
+# Compiled modules: an extension wins over a .py of the same name, a .pyc can stand in for one.
+_COMPILED = (".pyc", ".pyo", ".so", ".pyd")
 # Config files that hook a test run only through their pytest section.
 _SECTIONED = {"tox.ini", "setup.cfg", "pyproject.toml"}
 # ini keys pytest reads; a changed line with one of them counts when its section is out of view.
@@ -104,6 +106,24 @@ def _touches_pytest_section(lines: list[str]) -> bool:
     return False
 
 
+def _escaping_link(fd: FileDiff) -> bool:
+    """Whether this file is a symlink the patch points outside the repo."""
+    if not any(line.startswith(("new file mode 120000", "new mode 120000")) for line in fd.lines):
+        return False
+    added = [line[1:] for line in fd.lines if line.startswith("+") and not line.startswith("+++")]
+    if not added or fd.new_path is None:
+        return False
+    target = PurePosixPath(added[0])
+    if target.is_absolute():
+        return True
+    depth = len(PurePosixPath(fd.new_path).parts) - 1
+    for part in target.parts:
+        depth += -1 if part == ".." else 1
+        if depth < 0:
+            return True
+    return False
+
+
 def tamper_signals(patch: str) -> list[str]:
     """Paths the patch adds or changes that can hook a test run (deletions are not counted)."""
     hits: set[str] = set()
@@ -111,7 +131,9 @@ def tamper_signals(patch: str) -> list[str]:
         if fd.new_path is None:
             continue
         name = PurePosixPath(fd.new_path).name
-        if name in _HOOK_NAMES or name.endswith(".pth"):
+        if name in _HOOK_NAMES or name.endswith((".pth", *_COMPILED)):
+            hits.add(fd.new_path)
+        elif name == "entry_points.txt" or _escaping_link(fd):
             hits.add(fd.new_path)
         elif name in _SECTIONED and _touches_pytest_section(fd.lines):
             hits.add(fd.new_path)

@@ -31,6 +31,26 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """Run the command as this unprivileged user: the grader's uid split.
+
+    The sandbox stays privileged only long enough to switch: the command runs
+    with uid and gid ``uid``/``gid`` (no supplementary groups), no capabilities
+    (effective, permitted, inheritable, ambient and bounding sets empty) and
+    no_new_privs, under an RLIMIT_NPROC of ``max_processes`` (which the kernel
+    enforces only for a non-root uid, so it bounds a fork bomb here: pick a
+    uid nothing else runs as, since the count is per uid host-wide) and an
+    RLIMIT_FSIZE of ``max_file_mb`` (no single file it writes grows past it).
+    Needs the caller to be root.
+    """
+
+    uid: int
+    gid: int
+    max_processes: int = 256
+    max_file_mb: int = 1024
+
+
+@dataclass(frozen=True)
 class SandboxRequest:
     argv: list[str]
     workdir: Path  # host directory, mounted read-write at the same path, and the cwd
@@ -41,6 +61,9 @@ class SandboxRequest:
     network: bool = False  # False: own network namespace with only loopback
     stdin: bytes | None = None
     output_limit: int = 1_000_000  # bytes kept of stdout and of stderr each
+    run_as: RunAs | None = None  # None: the command runs as the caller's uid, capabilities dropped
+    # Host file descriptors the command inherits under the same numbers (e.g. pipe write ends).
+    pass_fds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,13 @@ the time, memory and output limits the same way:
   until no member of the group is alive, so nothing outlives ``run()``.
 - output: stdout and stderr are read to EOF in threads; bytes past the limit
   are read and dropped so the command never blocks on a full pipe.
+- uid split (``request.run_as``): ``prlimit --nproc`` and ``--fsize`` on the
+  launcher too (the process count is not enforced while it is root, and is
+  once the command switched uid);
+  each backend switches uid its own way (bwrap: ``setpriv``; unshare: its
+  init), both ending with every capability set empty and no_new_privs.
+- pipes (``request.pass_fds``): inherited under the same numbers through the
+  launcher, the namespace setup and the uid switch.
 - environment: the launcher is started with exactly ``request.env``; the only
   variable added is ``PWD`` (the workdir), which bwrap always sets and the
   unshare backend sets to match. Passing it as the process environment (not
@@ -86,6 +93,17 @@ def check_request(request: SandboxRequest) -> None:
     """Refuse requests that cannot be mounted, naming the field to fix."""
     if not request.argv:
         raise ValueError("SandboxRequest.argv is empty: give the command to run")
+    if request.run_as is not None:
+        if request.run_as.uid <= 0 or request.run_as.gid <= 0:
+            raise ValueError(
+                f"SandboxRequest.run_as {request.run_as}: uid and gid must be positive "
+                "(an unprivileged user), not root"
+            )
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(
+                "SandboxRequest.run_as needs hangar to run as root to switch uid; "
+                "leave run_as unset (no uid split) or run as root"
+            )
     if not request.workdir.is_absolute() or not request.workdir.is_dir():
         raise ValueError(
             f"SandboxRequest.workdir {request.workdir}: must be an existing absolute directory"
@@ -101,9 +119,14 @@ def _check_mount(m: Mount) -> None:
         raise ValueError(f"mount source {m.source}: does not exist")
 
 
-def memory_prefix(memory_mb: int) -> list[str]:
+def limits_prefix(request: SandboxRequest) -> list[str]:
+    """``prlimit`` with the request's memory limit, and its process limit under a uid split."""
     prlimit = require_binary("prlimit", "util-linux")
-    return [prlimit, f"--as={memory_mb * 1024 * 1024}", "--"]
+    limits = [f"--as={request.memory_mb * 1024 * 1024}"]
+    if request.run_as is not None:
+        limits.append(f"--nproc={request.run_as.max_processes}")
+        limits.append(f"--fsize={request.run_as.max_file_mb * 1024 * 1024}")
+    return [prlimit, *limits, "--"]
 
 
 def tool_version(argv: list[str]) -> str:
@@ -115,7 +138,7 @@ def tool_version(argv: list[str]) -> str:
     return out.strip().splitlines()[0] if out.strip() else "unknown"
 
 
-class _Capture(threading.Thread):
+class Capture(threading.Thread):
     """Read a pipe to EOF, keeping the first ``limit`` bytes."""
 
     def __init__(self, stream: object, limit: int) -> None:
@@ -123,10 +146,12 @@ class _Capture(threading.Thread):
         self.stream = stream
         self.limit = limit
         self.kept = bytearray()
+        self.total = 0  # bytes read, kept or not
 
     def run(self) -> None:
         fd = self.stream.fileno()  # type: ignore[attr-defined]
         while chunk := os.read(fd, 65536):
+            self.total += len(chunk)
             room = self.limit - len(self.kept)
             if room > 0:
                 self.kept += chunk[:room]
@@ -204,11 +229,11 @@ def run_launcher(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        pass_fds=pass_fds,
+        pass_fds=(*pass_fds, *request.pass_fds),
         close_fds=True,
     )
-    out = _Capture(proc.stdout, request.output_limit)
-    err = _Capture(proc.stderr, request.output_limit)
+    out = Capture(proc.stdout, request.output_limit)
+    err = Capture(proc.stderr, request.output_limit)
     out.start()
     err.start()
     feeders: list[threading.Thread] = []

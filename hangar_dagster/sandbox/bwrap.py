@@ -7,18 +7,32 @@ a minimal ``/dev``. It runs the command in new pid, network (unless
 ``network=True``), ipc and uts namespaces, in a new session, with every
 capability dropped (so a root command cannot remount the read-only binds),
 and dies with its parent. Limits are enforced by ``_common.run_launcher``.
+
+With ``run_as`` (the uid split) bwrap keeps only CAP_SETUID, CAP_SETGID,
+CAP_SETPCAP and CAP_DAC_READ_SEARCH (to enter the workdir), and the command is started through util-linux ``setpriv``, which
+switches to the unprivileged uid/gid, clears the groups, the inheritable and
+bounding sets and sets no_new_privs; the uid change itself empties the
+permitted and effective sets. ``/tmp`` is world-writable (sticky) so the
+unprivileged command has a scratch directory.
 """
 
 from __future__ import annotations
 
 import functools
 import subprocess
+from pathlib import PurePosixPath
 
-from hangar_dagster.sandbox import Sandbox, SandboxRequest, SandboxResult, SandboxUnavailable
+from hangar_dagster.sandbox import (
+    RunAs,
+    Sandbox,
+    SandboxRequest,
+    SandboxResult,
+    SandboxUnavailable,
+)
 from hangar_dagster.sandbox._common import (
     PROC_READ_ONLY,
     check_request,
-    memory_prefix,
+    limits_prefix,
     require_binary,
     run_launcher,
     runtime_dirs,
@@ -26,8 +40,12 @@ from hangar_dagster.sandbox._common import (
     tool_version,
 )
 
+# What the uid switch needs (and DAC_READ_SEARCH: bwrap's chdir into a workdir the command's
+# uid owns); setpriv drops them all, bounding set included, before the command runs.
+_SWITCH_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_READ_SEARCH")
 
-def _namespace_args(network: bool) -> list[str]:
+
+def _namespace_args(network: bool, run_as: RunAs | None = None) -> list[str]:
     args = [
         "--unshare-pid",
         "--unshare-ipc",
@@ -37,9 +55,27 @@ def _namespace_args(network: bool) -> list[str]:
         "--cap-drop",
         "ALL",
     ]
+    if run_as is not None:
+        for cap in _SWITCH_CAPS:
+            args += ["--cap-add", cap]
     if not network:
         args.append("--unshare-net")
     return args
+
+
+def _switch_user(run_as: RunAs | None) -> list[str]:
+    if run_as is None:
+        return []
+    return [
+        require_binary("setpriv", "util-linux"),
+        f"--reuid={run_as.uid}",
+        f"--regid={run_as.gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def _system_args() -> list[str]:
@@ -54,16 +90,27 @@ def _system_args() -> list[str]:
 
 def _mount_args(request: SandboxRequest) -> list[str]:
     # The private /tmp first: the runtime may live under /tmp (a checkout there) and must show.
-    args = [*_system_args(), "--tmpfs", "/tmp"]
+    args = [*_system_args(), "--perms", "01777", "--tmpfs", "/tmp"]
+    system = [PurePosixPath(path) for path, _ in system_entries()]
+    made = {PurePosixPath("/"), PurePosixPath("/tmp")}
+
+    def bind(flag: str, source: str, target: str) -> None:
+        # bwrap makes missing parents 0700, which an unprivileged command cannot cross:
+        # make them 0755 (they are empty directories on the sandbox's own root).
+        for parent in reversed(PurePosixPath(target).parents):
+            if parent not in made and not any(parent.is_relative_to(d) for d in system):
+                args.extend(["--perms", "0755", "--dir", str(parent)])
+                made.add(parent)
+        args.extend([flag, source, target])
+
     for d in runtime_dirs():
-        args += ["--ro-bind", d, d]
+        bind("--ro-bind", d, d)
     # The workdir before the mounts, so a mount may sit inside it.
     wd = str(request.workdir)
-    args += ["--bind", wd, wd]
+    bind("--bind", wd, wd)
     for m in request.mounts:
-        args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
-    args += ["--chdir", wd]
-    return args
+        bind("--bind" if m.writable else "--ro-bind", str(m.source), m.target)
+    return [*args, "--chdir", wd]
 
 
 @functools.cache
@@ -91,11 +138,12 @@ class BwrapSandbox(Sandbox):
         check_request(request)
         bwrap = self._binary()
         argv = [
-            *memory_prefix(request.memory_mb),
+            *limits_prefix(request),
             bwrap,
-            *_namespace_args(request.network),
+            *_namespace_args(request.network, request.run_as),
             *_mount_args(request),
             "--",
+            *_switch_user(request.run_as),
             *request.argv,
         ]
         return run_launcher(argv, request)

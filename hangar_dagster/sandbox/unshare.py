@@ -11,6 +11,9 @@ submounts included; the request's mounts; the workdir read-write), mounts
 (bounding set too) and sets no_new_privs, then forks the command in a new
 session and waits for it. When the command exits the init exits with its
 status, and the kernel kills whatever else is left in the namespace.
+With ``run_as`` (the uid split) the forked child switches to the unprivileged
+uid/gid (no groups) before exec; as in bwrap, ``/tmp`` is world-writable
+(sticky).
 
 The setup (mount list, argv, environment) reaches the init through a pipe, so
 the environment's values never appear in argv.
@@ -34,7 +37,7 @@ from hangar_dagster.sandbox import Sandbox, SandboxRequest, SandboxResult, Sandb
 from hangar_dagster.sandbox._common import (
     PROC_READ_ONLY,
     check_request,
-    memory_prefix,
+    limits_prefix,
     require_binary,
     run_launcher,
     runtime_dirs,
@@ -111,7 +114,7 @@ def main():
             os.symlink(link, root + path)
     # The private /tmp first: the runtime may live under /tmp (a checkout there) and must show.
     os.mkdir(root + "/tmp")
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     for d in setup["runtime"]:
         bind(d, root + d, False)
     os.mkdir(root + "/proc")
@@ -151,10 +154,21 @@ def main():
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         fail("no_new_privs")
 
-    argv, env = setup["argv"], setup["env"]
+    argv, env, run_as = setup["argv"], setup["env"], setup["run_as"]
     child = os.fork()
     if child == 0:
         os.setsid()
+        if run_as is not None:
+            # Leaving uid 0 for good empties the permitted, effective and ambient sets;
+            # the bounding set is already empty and no_new_privs set.
+            uid, gid = run_as
+            try:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            except OSError as e:
+                os.write(2, f"hangar-unshare: cannot switch to uid {uid}: {e.strerror}\n".encode())
+                os._exit(125)
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as e:
@@ -215,9 +229,10 @@ def _launch(unshare: str, request: SandboxRequest) -> SandboxResult:
         "mounts": [[str(m.source), m.target, m.writable] for m in request.mounts],
         "argv": request.argv,
         "env": {**request.env, "PWD": str(request.workdir)},
+        "run_as": None if request.run_as is None else [request.run_as.uid, request.run_as.gid],
     }
     argv = [
-        *memory_prefix(request.memory_mb),
+        *limits_prefix(request),
         unshare,
         *_namespace_args(request.network),
         "--",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,10 @@ def test_trial_that_fixes_the_bug_passes_with_counts(
     grade = grade_trial(exp, trial, patch, check, "run-grade", hpaths)
     assert grade.passed is True and grade.reason is None and grade.exit_code == 0
     assert grade.hidden_tests == {"total": 2, "passed": 2, "failed": 0, "errors": 0, "skipped": 0}
+    # As root the grader splits uids, and the trusted reporter confirms it: isolated.
+    trust = "isolated" if os.geteuid() == 0 else "best_effort"
     assert (grade.trust, grade.runner, grade.files_mode, grade.network) == (
-        "best_effort", "hangar-grade", "hidden", "none",
+        trust, "hangar-grade", "hidden", "none",
     )  # fmt: skip
     assert grade.tamper_signals == [] and grade.contamination == []
     assert grade.touched_tests == ["tests/test_calc.py"]

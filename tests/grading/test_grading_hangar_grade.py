@@ -53,9 +53,16 @@ def test_command_isolates_python_and_pytest(tmp_path: Path) -> None:
         "SECRET_TOKEN": "t", "HANGAR_X": "1",
     }  # fmt: skip
     argv, env, cwd = pytest_command(["-q", "-k", "add"], environ)
-    assert argv[:5] == [sys.executable, "-I", "-B", "-m", "pytest"]
+    assert argv[:7] == [
+        sys.executable, "-I", "-B", "--check-hash-based-pycs", "always", "-m", "pytest"
+    ]  # fmt: skip
     for flag in ("--noconftest", "-p", "no:cacheprovider", "hangar_dagster.grading.pytest_plugin"):
         assert flag in argv
+    # The trusted reporter loads first of hangar's plugins, before anything of the repo.
+    plugins = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
+    assert plugins == [
+        "no:cacheprovider", "hangar_dagster.grading.reporter", "hangar_dagster.grading.pytest_plugin"
+    ]  # fmt: skip
     assert argv[argv.index("-c") + 1] == "/dev/null"
     assert argv[argv.index("--rootdir") + 1] == str(tmp_path / "hidden")
     assert argv[argv.index("--junitxml") + 1] == str(tmp_path / "out" / "junit.xml")

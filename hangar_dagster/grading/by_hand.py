@@ -1,0 +1,78 @@
+"""``hangar grade``: one patch (or the bare base) graded against one task of a spec, by hand.
+
+For users who regrade a trial or debug a grader: the same ``run_grader`` the
+pipeline uses, on a spec resolved as ``submit`` would (nothing is stored).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hangar_dagster.canary import mask
+from hangar_dagster.config import HangarPaths
+from hangar_dagster.gitrepo import changed_files
+from hangar_dagster.grading.grader import grade_trust, grader_runner, run_grader
+from hangar_dagster.grading.signals import tamper_signals, touched_tests
+from hangar_dagster.spec import load_spec
+
+
+class PatchFileError(ValueError):
+    """The --patch file cannot be graded; the message names the file and the fix."""
+
+
+def read_patch_file(path: Path) -> str:
+    """The patch text, or PatchFileError for a missing, empty, binary or non-diff file."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise PatchFileError(f"--patch {path}: cannot read it ({err.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchFileError(
+            f"--patch {path}: not UTF-8 text; write it with `git diff --binary`"
+        ) from None
+    if not text.strip():
+        raise PatchFileError(f"--patch {path}: the file is empty; to grade the base, use --base")
+    if not changed_files(text):
+        raise PatchFileError(
+            f"--patch {path}: no `diff --git` file header found; write it with `git diff`"
+        )
+    return text
+
+
+def grade_by_hand(spec_path: Path, task_id: str, patch: str, paths: HangarPaths) -> dict[str, Any]:
+    """Grade ``patch`` ("" for the base) on ``task_id`` of the spec; a JSON-able grade summary."""
+    from hangar_dagster.submit import resolve
+
+    experiment = resolve(load_spec(spec_path), spec_path)
+    if task_id not in experiment.tasks:
+        known = ", ".join(sorted(experiment.tasks))
+        raise KeyError(f"--task {task_id!r}: not a task of {spec_path} (tasks: {known})")
+    label = "base" if not patch else "by-hand"
+    run = run_grader(
+        experiment, task_id, patch, label=f"{label}-{task_id}",
+        work_root=paths.work / "grading", env_extra={"HANGAR_TRIAL": f"{label}/{task_id}"},
+    )  # fmt: skip
+    grader = experiment.spec.grader
+    result: dict[str, Any] = mask(
+        {
+            "task": task_id,
+            "base_sha": experiment.tasks[task_id].base_sha,
+            "graded": label,
+            "passed": run.passed,
+            "hidden_tests": run.counts,
+            "exit_code": run.exit_code,
+            "reason": run.reason,
+            "trust": grade_trust(grader, run.uid_split),
+            "runner": grader_runner(grader.command),
+            "tamper_signals": [*tamper_signals(patch), *run.run_signals],
+            "touched_tests": touched_tests(patch, run.base_paths),
+            "canary_files": run.canary_files,
+            "duration_s": round(run.duration_s, 3),
+            "output": run.output,
+        },
+        experiment.canary,
+    )
+    return result

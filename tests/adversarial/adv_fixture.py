@@ -1,0 +1,85 @@
+"""What the adversarial suite shares: the fixture tasks' code and hidden tests, and patch files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grading_builders import experiment
+
+from hangar_dagster.plan import ResolvedExperiment
+
+BUGGY_CALC = "def add(a, b):\n    return a - b\n"
+FIXED_CALC = "def add(a, b):\n    return a + b\n"
+BUGGY_TEXT = "def slug(s):\n    return s.lower()\n"
+FIXED_TEXT = "def slug(s):\n    return s.lower().replace(' ', '-')\n"
+# The hidden conftest gives a fixture and a hook: both must work through hangar-grade.
+HIDDEN_CONFTEST = (
+    "import pytest\n\n\n"
+    "@pytest.fixture\n"
+    "def pair():\n    return (2, 3)\n\n\n"
+    "def pytest_terminal_summary(terminalreporter):\n"
+    "    terminalreporter.write_line('hidden conftest hook ran')\n"
+)
+# Each expected value sits in a local named `expected` (what a frame-reading patch looks for).
+HIDDEN_CALC = {
+    "conftest.py": HIDDEN_CONFTEST,
+    "test_calc_hidden.py": (
+        "from calc import add\n\n\n"
+        "def test_add(pair):\n    expected = 5\n    assert add(*pair) == expected\n\n\n"
+        "def test_negative():\n    expected = -2\n    assert add(-1, -1) == expected\n\n\n"
+        "def test_zero():\n    expected = 0\n    assert add(0, 0) == expected\n"
+    ),
+}
+HIDDEN_TEXT = {
+    "test_text_hidden.py": (
+        "from text import slug\n\n\n"
+        "def test_slug():\n    assert slug('A B') == 'a-b'\n\n\n"
+        "def test_plain():\n    assert slug('ab') == 'ab'\n"
+    )
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink a patch adds, pointing at ``target``."""
+
+    target: str
+
+
+Files = dict[str, "str | bytes | Link | None"]  # None deletes the file
+PatchMaker = Callable[[Files], str]
+
+
+@dataclass(frozen=True)
+class Fixture:
+    repo: Path
+    base: str
+    make_patch: PatchMaker
+    references: dict[str, str]  # task id -> reference patch
+
+    def experiment(self, **grader: Any) -> ResolvedExperiment:
+        tasks = {
+            "calc": {"repo": str(self.repo), "base_sha": self.base, "hidden_files": HIDDEN_CALC,
+                     "reference_patch": self.references["calc"]},
+            "text": {"repo": str(self.repo), "base_sha": self.base, "hidden_files": HIDDEN_TEXT,
+                     "reference_patch": self.references["text"]},
+        }  # fmt: skip
+        return experiment(tasks, grader={"timeout_s": 60, **grader})
+
+
+def write_files(root: Path, files: Files) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        if content is None:
+            path.unlink()
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Link):
+            path.symlink_to(content.target)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)

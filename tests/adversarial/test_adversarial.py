@@ -1,0 +1,135 @@
+"""Malicious patches graded through the real grader: each ends failed, or flagged with its signal.
+
+Plus the controls: on every fixture task the reference patch passes (isolated,
+no signal) and the empty patch fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import factories
+import pytest
+from adv_fixture import Fixture
+from cases import CASES, Case
+
+from hangar_dagster.config import HangarPaths
+from hangar_dagster.grading.grader import grade_trial
+from hangar_dagster.records import BaseCheckRecord, GradeRecord
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+TRUST = "isolated" if os.geteuid() == 0 else "best_effort"
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[int]:
+    """A host loopback server that hands out the fix to whoever connects (none should)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.sendall(b"+")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    thread.join()
+    srv.close()
+
+
+def grade(
+    fx: Fixture, paths: HangarPaths, check: BaseCheckRecord, task: str, patch: str,
+    tmp_path: Path, timeout_s: int = 60,
+) -> tuple[GradeRecord, str]:  # fmt: skip
+    exp = fx.experiment(timeout_s=timeout_s)
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    trial = factories.trial(
+        variant="v1", task=task, experiment_id=exp.experiment_id, base_sha=fx.base,
+        artifacts_dir=str(artifacts),
+    )  # fmt: skip
+    g = grade_trial(exp, trial, patch, check, "run-adv", paths)
+    return g, (artifacts / "grade.log").read_text()
+
+
+def test_base_checks_are_valid_and_collect_the_hidden_tests(
+    base_checks: dict[str, BaseCheckRecord],
+) -> None:
+    calc, text = base_checks["calc"], base_checks["text"]
+    assert (calc.invalid, calc.reference_passed, text.invalid, text.reference_passed) == (
+        False, True, False, True,
+    )  # fmt: skip
+    assert calc.expected_tests == [
+        "test_calc_hidden::test_add", "test_calc_hidden::test_negative",
+        "test_calc_hidden::test_zero",
+    ]  # fmt: skip
+    assert text.expected_tests == ["test_text_hidden::test_plain", "test_text_hidden::test_slug"]
+
+
+@pytest.mark.parametrize("task", ["calc", "text"])
+def test_control_reference_passes_isolated(
+    task: str, fixture_repo: Fixture, session_paths: HangarPaths,
+    base_checks: dict[str, BaseCheckRecord], tmp_path: Path,
+) -> None:  # fmt: skip
+    g, log = grade(fixture_repo, session_paths, base_checks[task], task,
+                   fixture_repo.references[task], tmp_path)  # fmt: skip
+    assert g.passed is True and g.reason is None, log
+    assert g.trust == TRUST and g.tamper_signals == [] and g.task_invalid is False
+    assert g.hidden_tests["passed"] == g.hidden_tests["total"] > 0
+    if task == "calc":  # the hidden conftest's fixture (test_add uses it) and hook both worked
+        assert g.hidden_tests["total"] == 3 and "hidden conftest hook ran" in log
+
+
+@pytest.mark.parametrize("task", ["calc", "text"])
+def test_control_empty_patch_fails(
+    task: str, fixture_repo: Fixture, session_paths: HangarPaths,
+    base_checks: dict[str, BaseCheckRecord], tmp_path: Path,
+) -> None:  # fmt: skip
+    g, log = grade(fixture_repo, session_paths, base_checks[task], task, "", tmp_path)
+    assert g.passed is False and g.hidden_tests["failed"] >= 1, log
+    assert g.tamper_signals == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_malicious_patch(
+    case: Case, fixture_repo: Fixture, session_paths: HangarPaths,
+    base_checks: dict[str, BaseCheckRecord], tmp_path: Path, listener: int,
+) -> None:  # fmt: skip
+    fill = {"{port}": str(listener), "{artifacts}": str(tmp_path / "artifacts"),
+            "{home}": str(session_paths.home)}  # fmt: skip
+    files: dict[str, object] = {}
+    for path, content in case.files.items():
+        if isinstance(content, str):
+            for token, value in fill.items():
+                content = content.replace(token, value)
+        files[path] = content
+    patch = fixture_repo.make_patch(files)  # type: ignore[arg-type]
+    g, log = grade(fixture_repo, session_paths, base_checks["calc"], "calc", patch, tmp_path,
+                   case.timeout_s)  # fmt: skip
+    if case.passed is False:
+        assert g.passed is False, log
+    if case.reason is not None:
+        assert g.reason is not None and case.reason in g.reason, log
+    if case.signal is not None:
+        assert any(case.signal in s for s in g.tamper_signals), (g.tamper_signals, log)
+    for pattern in case.log:
+        assert re.search(pattern, log), (pattern, log)
+    for text in case.not_in_log:
+        assert text not in log, (text, log)
+    assert not (tmp_path / "artifacts" / "big.bin").exists()

@@ -1,0 +1,166 @@
+"""The real daemon on a short eval window: a running trial is drained at the window's end and
+retried (with retry_of) in the next window."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import duckdb
+import pytest
+import yaml
+
+from hangar_dagster.harness import freeze
+from tests.conftest import cli_env, hangar
+
+pytestmark = pytest.mark.slow
+
+# Attempt 1 outlives the window; a retry fixes the bug at once.
+AGENT_SH = """case "$HANGAR_SEED" in *:1) sleep 600;; esac
+python - <<'PY'
+import pathlib
+p = pathlib.Path("stats.py")
+fix = "    if len(ordered) % 2 == 0:\\n        return (ordered[mid - 1] + ordered[mid]) / 2\\n"
+p.write_text(p.read_text().replace("    return ordered[mid]", fix + "    return ordered[mid]"))
+PY
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def short_window(minutes_left: int) -> str:
+    now = dt.datetime.now(ZoneInfo("America/New_York"))
+    start, end = now - dt.timedelta(minutes=1), now + dt.timedelta(minutes=minutes_left)
+    return f"{start:%H:%M}-{end:%H:%M}"
+
+
+def start_ui(home: Path, window: str, log: Path) -> subprocess.Popen[bytes]:
+    env = cli_env(home) | {"HANGAR_EVAL_WINDOW": window}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(free_port())],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not answers(home):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    return proc
+
+
+def answers(home: Path) -> bool:
+    url = home / "webserver.url"
+    try:
+        with urllib.request.urlopen(url.read_text().strip() + "/server_info", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def stop_ui(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
+    if not (home / "hangar.duckdb").exists():
+        return []
+    try:
+        con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    except duckdb.Error:
+        return []  # a writer holds it this instant
+    try:
+        return con.execute(
+            "select attempt, outcome_class, infra_reason, run_id, retry_of from trials order by attempt"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def wait_for(
+    home: Path, done: object, seconds: float, log: Path
+) -> list[tuple[int, str, str | None, str, str | None]]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rows = attempts(home)
+        if done(rows):  # type: ignore[operator]
+            return rows
+        time.sleep(2)
+    raise AssertionError(f"timed out; attempts: {attempts(home)}\n{log.read_text()[-4000:]}")
+
+
+def test_drained_at_window_end_then_retried_next_window(example_dir: Path, tmp_path: Path) -> None:
+    harness = tmp_path / "harness-src"
+    harness.mkdir()
+    (harness / "harness.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "slow-then-fixed",
+                "agent": {
+                    "adapter": "command",
+                    "command": "sh $HANGAR_HARNESS_DIR/agent.sh",
+                    "cli": "sh",
+                    "version": "1",
+                },
+                "model": "scripted-2026-01-01",
+            }
+        )
+    )
+    (harness / "agent.sh").write_text(AGENT_SH)
+    lock = freeze(harness, tmp_path / "registry")
+    spec = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(
+        name="drain-me",
+        harness_repo=str(tmp_path / "registry"),
+        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
+        variants={"slow": {"harness_lock": lock.ref}},
+        trials=1,
+        parallel=1,
+    )
+    spec["environment"]["resources"]["timeout_s"] = 900
+    spec_path = example_dir / "drain-me.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    home, log = tmp_path / "home", tmp_path / "ui.log"
+
+    window = short_window(minutes_left=2)
+    ui = start_ui(home, window, log)
+    try:
+        submitted = hangar("experiment", "run", str(spec_path), home=home)
+        assert submitted.returncode == 0, submitted.stderr
+        rows = wait_for(home, lambda r: len(r) == 1, 300, log)
+        assert rows[0][:3] == (1, "infra_error", "power_down")
+        waiting = hangar(
+            "experiment", "get", "drain-me", home=home, env={"HANGAR_EVAL_WINDOW": window}
+        )
+        assert "eval_window" in waiting.stdout, waiting.stdout
+    finally:
+        stop_ui(ui)
+
+    ui = start_ui(home, "always", log)  # the next window
+    try:
+        rows = wait_for(home, lambda r: len(r) == 2, 300, log)
+    finally:
+        stop_ui(ui)
+    first, second = rows
+    assert second[:3] == (2, "completed", None)
+    assert second[4] == first[3], "the retry names the drained attempt's run"
