@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import sys
 import time
@@ -13,24 +12,7 @@ import pytest
 from hangar_dagster.sandbox import Mount, Sandbox, SandboxRequest, SandboxUnavailable, get_sandbox
 from hangar_dagster.sandbox._common import PACKAGE_DIR, runtime_dirs
 
-BACKENDS = [
-    pytest.param(
-        "bwrap",
-        marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed"),
-    ),
-    pytest.param(
-        "unshare",
-        marks=pytest.mark.skipif(
-            shutil.which("unshare") is None, reason="util-linux unshare not installed"
-        ),
-    ),
-]
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-
-
-@pytest.fixture(params=BACKENDS)
-def sandbox(request: pytest.FixtureRequest) -> Sandbox:
-    return get_sandbox(request.param)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,23 +12,11 @@ from hangar_dagster.sandbox import RunAs, Sandbox, SandboxRequest, get_sandbox
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid split needs root")
 
-BACKENDS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(shutil.which(binary) is None, reason=f"{binary} not installed"),
-    )
-    for name, binary in (("bwrap", "bwrap"), ("unshare", "unshare"))
-]
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 UID = 2_000_000_123
 STATUS = (
     "grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status"
 )
-
-
-@pytest.fixture(params=BACKENDS)
-def sandbox(request: pytest.FixtureRequest) -> Sandbox:
-    return get_sandbox(request.param)
 
 
 @pytest.fixture
