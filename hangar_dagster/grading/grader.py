@@ -435,8 +435,8 @@ def run_grader(
         if len(report_bytes) > _REPORT_CAP:
             problems.append("the trusted reporter's stream is over its size cap")
         if hidden_digest is not None and tree_digest(hidden) != hidden_digest:
-            problems.append("the hidden tests changed during the run")
-            signals.append("run: hidden tests changed")
+            problems.append("the hidden tests' digest changed during the run")
+            signals.append("run: hidden tests' digest changed")
         if problems:
             passed = False
             reason = "; ".join([*([reason] if reason else []), *problems])

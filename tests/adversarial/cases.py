@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import py_compile
+import shutil
+import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +76,7 @@ class Case:
     log: list[str] = field(default_factory=list)  # regexes that must match grade.log
     not_in_log: list[str] = field(default_factory=list)  # substrings grade.log must not have
     timeout_s: int = 60
+    skip: str | None = None  # why this machine cannot build the case
 
 
 def unchecked_pyc(source: str) -> bytes:
@@ -88,6 +92,38 @@ def unchecked_pyc(source: str) -> bytes:
 
 PYC_NAME = Path(importlib.util.cache_from_source("calc.py")).name
 assert sys.implementation.cache_tag in PYC_NAME
+
+# A real extension module named calc whose add is right: Python imports it ahead of calc.py.
+CALC_EXTENSION_C = r"""
+#include <Python.h>
+static PyObject *add(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    return PyNumber_Add(a, b);
+}
+static PyMethodDef methods[] = {{"add", add, METH_VARARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "calc", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_calc(void) { return PyModule_Create(&module); }
+"""
+SO_NAME = "calc" + str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def calc_extension() -> tuple[bytes, str | None]:
+    """The compiled ``calc`` extension, or why it cannot be built here (no gcc or headers)."""
+    include = sysconfig.get_paths()["include"]
+    if shutil.which("gcc") is None or not Path(include, "Python.h").exists():
+        return b"", "needs gcc and the Python headers to build a shadowing extension"
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d, "calc.c"), Path(d, SO_NAME)
+        src.write_text(CALC_EXTENSION_C)
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-O0", f"-I{include}", "-o", str(out), str(src)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return out.read_bytes(), None
+
+
+CALC_SO, CALC_SO_SKIP = calc_extension()
 
 CASES = [
     Case(
@@ -261,6 +297,15 @@ CASES = [
         },
         signal="calc.pyc",
     ),  # fmt: skip
+    # The extension wins over the buggy calc.py: the hidden tests pass, and only the signal tells.
+    Case(
+        "shadowing_so",
+        {SO_NAME: CALC_SO},
+        passed=None,
+        signal=SO_NAME,
+        log=["3 passed"],
+        skip=CALC_SO_SKIP,
+    ),
     Case(
         "symlink_into_hidden",
         {"hidden_link": Link("../hidden/test_calc_hidden.py"), "calc.py": WRITE_HIDDEN + BUGGY},
@@ -278,7 +323,7 @@ CASES = [
             "conftest: denied",
             "init: denied",
         ],
-        not_in_log=[": DONE", "hidden tests changed"],
+        not_in_log=[": DONE", "digest changed"],
     ),  # fmt: skip
     Case(
         "network_egress",

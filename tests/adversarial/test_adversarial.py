@@ -111,6 +111,8 @@ def test_malicious_patch(
     case: Case, fixture_repo: Fixture, session_paths: HangarPaths,
     base_checks: dict[str, BaseCheckRecord], tmp_path: Path, listener: int,
 ) -> None:  # fmt: skip
+    if case.skip is not None:
+        pytest.skip(case.skip)
     fill = {"{port}": str(listener), "{artifacts}": str(tmp_path / "artifacts"),
             "{home}": str(session_paths.home)}  # fmt: skip
     files: dict[str, object] = {}
