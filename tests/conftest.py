@@ -7,8 +7,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from hangar_dagster.harness import freeze
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"
@@ -56,3 +60,38 @@ def hangar(
         text=True,
         timeout=timeout,
     )
+
+
+def command_agent_spec(
+    example_dir: Path, tmp_path: Path, name: str, command: str, files: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The example's `median` task, one trial, under a frozen `command` harness running ``command``.
+
+    Returns the spec as a dict for the test to adjust and write next to the example's spec.
+    """
+    src = tmp_path / f"{name}-harness"
+    src.mkdir()
+    manifest = {
+        "name": name,
+        "agent": {"adapter": "command", "command": command, "cli": "sh", "version": "1"},
+        "model": "scripted-2026-01-01",
+    }
+    (src / "harness.yaml").write_text(yaml.safe_dump(manifest))
+    for rel, text in (files or {}).items():
+        (src / rel).write_text(text)
+    lock = freeze(src, tmp_path / "registry")
+    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(
+        name=name,
+        harness_repo=str(tmp_path / "registry"),
+        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
+        variants={name: {"harness_lock": lock.ref}},
+        trials=1,
+    )
+    return spec
+
+
+def write_spec(example_dir: Path, spec: dict[str, Any]) -> Path:
+    path = example_dir / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path

@@ -7,10 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from hangar_dagster.harness import freeze
-from tests.conftest import hangar
+from tests.conftest import command_agent_spec, hangar, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -18,35 +16,10 @@ CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
 
 
 def test_a_leaked_canary_is_noted_audited_and_masked(example_dir: Path, tmp_path: Path) -> None:
-    src = tmp_path / "harness-src"
-    src.mkdir()
     # Stands in for an agent that saw the hidden tests somewhere and copied from them.
-    (src / "harness.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "leaky",
-                "agent": {
-                    "adapter": "command",
-                    "command": f"echo '# {CANARY}' >> stats.py",
-                    "cli": "sh",
-                    "version": "1",
-                },
-                "model": "scripted-2026-01-01",
-            }
-        )
-    )
-    lock = freeze(src, tmp_path / "registry")
-    spec = yaml.safe_load((example_dir / "experiment.yaml").read_text())
-    spec.update(
-        name="leaky",
-        harness_repo=str(tmp_path / "registry"),
-        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
-        variants={"leaky": {"harness_lock": lock.ref}},
-        trials=1,
-    )
+    spec = command_agent_spec(example_dir, tmp_path, "leaky", f"echo '# {CANARY}' >> stats.py")
     spec["grader"]["canary"] = CANARY
-    spec_path = example_dir / "leaky.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
+    spec_path = write_spec(example_dir, spec)
     home = tmp_path / "home"
 
     ran = hangar("experiment", "run", str(spec_path), "--wait", home=home)

@@ -16,10 +16,8 @@ from zoneinfo import ZoneInfo
 
 import duckdb
 import pytest
-import yaml
 
-from hangar_dagster.harness import freeze
-from tests.conftest import cli_env, hangar
+from tests.conftest import cli_env, command_agent_spec, hangar, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -110,36 +108,12 @@ def wait_for(
 
 
 def test_drained_at_window_end_then_retried_next_window(example_dir: Path, tmp_path: Path) -> None:
-    harness = tmp_path / "harness-src"
-    harness.mkdir()
-    (harness / "harness.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "name": "slow-then-fixed",
-                "agent": {
-                    "adapter": "command",
-                    "command": "sh $HANGAR_HARNESS_DIR/agent.sh",
-                    "cli": "sh",
-                    "version": "1",
-                },
-                "model": "scripted-2026-01-01",
-            }
-        )
+    spec = command_agent_spec(
+        example_dir, tmp_path, "drain-me", "sh $HANGAR_HARNESS_DIR/agent.sh", {"agent.sh": AGENT_SH}
     )
-    (harness / "agent.sh").write_text(AGENT_SH)
-    lock = freeze(harness, tmp_path / "registry")
-    spec = yaml.safe_load((example_dir / "experiment.yaml").read_text())
-    spec.update(
-        name="drain-me",
-        harness_repo=str(tmp_path / "registry"),
-        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
-        variants={"slow": {"harness_lock": lock.ref}},
-        trials=1,
-        parallel=1,
-    )
+    spec.update(parallel=1)
     spec["environment"]["resources"]["timeout_s"] = 900
-    spec_path = example_dir / "drain-me.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
+    spec_path = write_spec(example_dir, spec)
     home, log = tmp_path / "home", tmp_path / "ui.log"
 
     window = short_window(minutes_left=2)
