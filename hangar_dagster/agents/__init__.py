@@ -8,6 +8,7 @@ the trial's trace and its turn-1 fingerprint.
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,10 @@ class AgentContext:
     network: bool
     out_dir: Path  # host-side scratch for the adapter (not visible to the agent)
     env: dict[str, str] = field(default_factory=dict)  # extra variables (API endpoints)
+    # Set by the end-of-window drain or the trial budget; adapters pass it as SandboxRequest.cancel.
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # trial_job_budget.max_cost_usd: the adapter stops the agent once its streamed spend passes it.
+    max_cost_usd: float | None = None
 
 
 @dataclass
@@ -47,6 +52,7 @@ class AgentRun:
     fingerprint: dict[str, Any]  # turn 1: cli version, model, tools, instructions/skills digests
     output_tail: str
     error: str | None = None
+    budget_stopped: bool = False  # stopped for passing max_cost_usd (an outcome, not infra)
 
 
 class Agent(ABC):

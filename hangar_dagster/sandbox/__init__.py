@@ -11,7 +11,9 @@ and a writable workdir. Nothing of the host's environment variables leaks in:
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +66,11 @@ class SandboxRequest:
     run_as: RunAs | None = None  # None: the command runs as the caller's uid, capabilities dropped
     # Host file descriptors the command inherits under the same numbers (e.g. pipe write ends).
     pass_fds: tuple[int, ...] = ()
+    # Set from another thread to stop the command early (drain, trial budget): the sandbox
+    # kills everything it started and returns with ``cancelled`` true.
+    cancel: threading.Event | None = field(default=None, compare=False)
+    # Called from a reader thread with each chunk of stdout as it arrives (live traces).
+    on_stdout: Callable[[bytes], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     duration_s: float
+    cancelled: bool = False  # stopped through ``request.cancel`` (exit_code is then None)
 
 
 class Sandbox(ABC):

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hangar_dagster.sandbox import Mount, SandboxRequest, SandboxResult, SandboxUnavailable
@@ -139,12 +140,15 @@ def tool_version(argv: list[str]) -> str:
 
 
 class Capture(threading.Thread):
-    """Read a pipe to EOF, keeping the first ``limit`` bytes."""
+    """Read a pipe to EOF, keeping the first ``limit`` bytes and passing every chunk to ``sink``."""
 
-    def __init__(self, stream: object, limit: int) -> None:
+    def __init__(
+        self, stream: object, limit: int, sink: Callable[[bytes], None] | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self.stream = stream
         self.limit = limit
+        self.sink = sink
         self.kept = bytearray()
         self.total = 0  # bytes read, kept or not
 
@@ -152,6 +156,8 @@ class Capture(threading.Thread):
         fd = self.stream.fileno()  # type: ignore[attr-defined]
         while chunk := os.read(fd, 65536):
             self.total += len(chunk)
+            if self.sink is not None:
+                self.sink(chunk)
             room = self.limit - len(self.kept)
             if room > 0:
                 self.kept += chunk[:room]
@@ -186,14 +192,14 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _exited(pid: int, deadline: float) -> bool:
-    """Wait until ``pid`` exits or ``deadline`` passes, without reaping it."""
+def _exited(pid: int, deadline: float, cancel: threading.Event | None = None) -> bool:
+    """Wait until ``pid`` exits, ``deadline`` passes or ``cancel`` is set, without reaping it."""
     pause = 0.001
     while True:
         if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             return True
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or (cancel is not None and cancel.is_set()):
             return False
         time.sleep(min(pause, left))
         pause = min(pause * 2, 0.05)
@@ -232,7 +238,7 @@ def run_launcher(
         pass_fds=(*pass_fds, *request.pass_fds),
         close_fds=True,
     )
-    out = Capture(proc.stdout, request.output_limit)
+    out = Capture(proc.stdout, request.output_limit, request.on_stdout)
     err = Capture(proc.stderr, request.output_limit)
     out.start()
     err.start()
@@ -248,7 +254,7 @@ def run_launcher(
     for t in feeders:
         t.start()
     try:
-        timed_out = not _exited(proc.pid, started + request.timeout_s)
+        stopped = not _exited(proc.pid, started + request.timeout_s, request.cancel)
     finally:
         # Also on a normal exit, to be sure the namespace init is gone. The
         # launcher is not reaped yet, so its pid (the group id) can't be reused.
@@ -256,9 +262,11 @@ def run_launcher(
         proc.wait()
     for t in (out, err, *feeders):
         t.join(timeout=10)
+    cancelled = stopped and request.cancel is not None and request.cancel.is_set()
     return SandboxResult(
-        exit_code=None if timed_out else proc.returncode,
-        timed_out=timed_out,
+        exit_code=None if stopped else proc.returncode,
+        timed_out=stopped and not cancelled,
+        cancelled=cancelled,
         stdout=bytes(out.kept).decode("utf-8", errors="replace"),
         stderr=bytes(err.kept).decode("utf-8", errors="replace"),
         duration_s=time.monotonic() - started,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -309,3 +310,39 @@ def test_runtime_under_tmp_stays_visible_when_tmp_is_private(
     assert code == 0, err
     assert out.split()[0] == "visible"
     assert set(out.split()[1:]) == tmp_tops([wd, *map(Path, runtime_dirs())])
+
+
+def test_cancel_stops_the_command_and_everything_it_started(sandbox: Sandbox, wd: Path) -> None:
+    cancel = threading.Event()
+    seen = bytearray()
+
+    def on_stdout(chunk: bytes) -> None:
+        seen.extend(chunk)
+        if b"ready" in seen:
+            cancel.set()  # as a budget watcher would, on what the command streamed
+
+    req = SandboxRequest(
+        argv=["/bin/sh", "-c", "(setsid sleep 300 &) ; echo ready; sleep 300"],
+        workdir=wd,
+        env=ENV,
+        timeout_s=60,
+        cancel=cancel,
+        on_stdout=on_stdout,
+    )
+    started = time.monotonic()
+    res = sandbox.run(req)
+    assert res.cancelled and not res.timed_out and res.exit_code is None
+    assert time.monotonic() - started < 30
+    assert res.stdout.strip() == "ready" and bytes(seen).strip() == b"ready"
+
+
+def test_an_unset_cancel_changes_nothing(sandbox: Sandbox, wd: Path) -> None:
+    req = SandboxRequest(
+        argv=["/bin/sh", "-c", "echo done"],
+        workdir=wd,
+        env=ENV,
+        timeout_s=20,
+        cancel=threading.Event(),
+    )
+    res = sandbox.run(req)
+    assert (res.exit_code, res.cancelled, res.timed_out) == (0, False, False)
