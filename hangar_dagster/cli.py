@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hangar_dagster import cli_harness, cli_models
 from hangar_dagster.config import HangarPaths, ensure_dagster_home, paths
 from hangar_dagster.spec import SpecError, json_schema
 
@@ -29,6 +30,8 @@ app = typer.Typer(
 )
 experiment = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 app.add_typer(experiment, name="experiment")
+app.add_typer(cli_harness.app, name="harness")
+app.add_typer(cli_models.app, name="models")
 # Piped output (logs, CI) gets room for the summary table instead of rich's 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=140)
 err = Console(stderr=True)
@@ -180,7 +183,7 @@ def get_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
 ) -> None:
     """Show an experiment's pins, summary and per-trial index."""
-    from hangar_dagster.canary import mask
+    from hangar_dagster.redact import redact
     from hangar_dagster.submit import load_resolved
 
     p = paths()
@@ -200,7 +203,7 @@ def get_cmd(
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
         "queue": _queue_state(load_resolved(p, record.experiment_id), store),
     }
-    out = mask(json.loads(json.dumps(out, default=str)), canary)
+    out = redact(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -245,11 +248,11 @@ def _queue_state(exp: Any, store: Any) -> dict[str, Any]:
     """What the eval queue still has for the experiment and why it waits (e.g. reason eval_window)."""
     import datetime as dt
 
-    from hangar_dagster.queue import blocker, pending
+    from hangar_dagster.queue import pending, waiting_reason
     from hangar_dagster.window import window_from_env
 
     work = pending(exp, store)
-    why = blocker(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+    why = waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
     return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
 
 
@@ -270,6 +273,34 @@ def export_cmd(
         _store(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary
     )
     console.print(f"exported {record.experiment_id} to {target}")
+
+
+@experiment.command("freeze-variants")
+def freeze_variants_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Harness registry to freeze the variants into.")
+    ],
+    locked: Annotated[
+        Path, typer.Option("-o", "--output", help="Where to write the spec with harness locks.")
+    ],
+) -> None:
+    """Turn each overlay variant into a harness lock from its first finished trial; write the spec."""
+    from hangar_dagster.overlay import FreezeError, freeze_variants
+    from hangar_dagster.submit import load_resolved
+
+    p = paths()
+    record = _find(p, name_or_id)
+    try:
+        refs = freeze_variants(load_resolved(p, record.experiment_id), _store(p), out, locked)
+    except FreezeError as e:
+        err.print(f"[red]refused:[/] {e}")
+        raise typer.Exit(2) from None
+    for variant, ref in refs.items():
+        console.print(f"  {variant}: {ref}")
+    console.print(
+        f"wrote {locked} (harness_repo {out}); run it with `hangar experiment run {locked}`"
+    )
 
 
 @experiment.command("schema")

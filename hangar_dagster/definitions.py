@@ -2,8 +2,8 @@
 
 Definitions are a factory over stored experiments: every resolved spec under
 ``HANGAR_HOME/experiments/`` becomes one asset group with its stage jobs.
-Project-wide rules (the resource, the driver sensor, the eval-window drain) are
-applied here, in one place.
+Project-wide rules (the resource, the driver sensor, the eval-window drain and
+each experiment's window-opening schedule) are applied here, in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hangar_dagster.assets import build_experiment_assets
 from hangar_dagster.config import ensure_dagster_home, paths
 from hangar_dagster.jobs import build_experiment_jobs
 from hangar_dagster.resources import HangarResource
-from hangar_dagster.schedules import build_drain_schedule
+from hangar_dagster.schedules import build_drain_schedule, build_open_schedule
 from hangar_dagster.sensors import build_experiment_driver, drain_all
 from hangar_dagster.submit import stored_experiments
 from hangar_dagster.window import window_from_env
@@ -25,16 +25,19 @@ def build_definitions() -> dg.Definitions:
     p = paths()
     assets: list[dg.AssetsDefinition] = []
     jobs: list[dg.UnresolvedAssetJobDefinition] = []
+    window = window_from_env()
+    schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
     for exp in stored_experiments(p):
         group = build_experiment_assets(exp)
         assets += group
-        jobs += build_experiment_jobs(exp, group)
-    window = window_from_env()
+        experiment_jobs = build_experiment_jobs(exp, group)
+        jobs += experiment_jobs
+        schedules += build_open_schedule(exp, experiment_jobs, str(p.home), window)
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
         sensors=[build_experiment_driver(jobs, str(p.home), window)] if jobs else [],
-        schedules=build_drain_schedule(window, lambda context: drain_all(context.instance, p)),
+        schedules=schedules,
         resources={"hangar": HangarResource(home=str(p.home))},
     )
 

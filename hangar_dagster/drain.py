@@ -1,18 +1,23 @@
 """The end-of-window drain, from inside a trials run.
 
 A trials run watches the eval window (and a drain marker the drain schedule
-writes). When it closes, the run stops starting trials, sets every in-flight
-trial's cancel event, and kills the sandboxes this process started, so those
-attempts end as ``infra_error / power_down`` and are retried in the next
-window. A trial already stored stays stored: the store never overwrites an
-attempt, so a trial that finishes as the drain lands keeps its result.
+writes). When it closes, the run starts no more trials and sets the cancel
+event of every trial it started. Each trial has its own event (a trial
+budget stops one agent through the same event), which reaches the sandboxes
+of its build steps and its agent: the sandbox kills everything it started
+and returns. Such an attempt ends ``infra_error / power_down`` and is retried
+in the next window.
+
+A trial is drainable only until its agent has ended: an agent that ran to its
+own end keeps its outcome, and the trial goes on to take its patch, verify
+(whose sandbox never gets the event), be stored and graded (trial.py,
+``_drained``). So a trial finishing as the drain lands is neither lost nor
+run again; and the store never overwrites an attempt.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,55 +38,39 @@ def request_drain(paths: HangarPaths, run_id: str) -> None:
     marker.touch()
 
 
-def own_sandbox_groups() -> list[int]:
-    """Process groups led by direct children of this process: every sandbox is started that way."""
-    me = os.getpid()
-    groups = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, ppid, pgrp = int(entry.name), int(fields[1]), int(fields[2])
-        if ppid == me and pgrp == pid and fields[0] not in ("Z", "X"):
-            groups.append(pid)
-    return groups
-
-
-def kill_own_sandboxes() -> int:
-    killed = 0
-    for pgid in own_sandbox_groups():
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-            killed += 1
-        except ProcessLookupError:
-            pass
-    return killed
-
-
 class DrainWatcher:
-    """A thread that sets ``cancel`` once ``reason()`` says why, then keeps the sandboxes dead."""
+    """A thread that, once ``reason()`` gives a reason, sets ``cancel`` (start nothing more) and
+    the cancel event of every trial handed out by ``trial_cancel``."""
 
     def __init__(self, reason: Callable[[dt.datetime], str | None], interval_s: float = 1.0):
         self.cancel = threading.Event()
         self.why: str | None = None
         self._reason = reason
         self._interval = interval_s
+        self._lock = threading.Lock()
+        self._trials: list[threading.Event] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hangar-drain", daemon=True)
 
+    def trial_cancel(self) -> threading.Event:
+        """A new trial's own cancel event; already set when the run has drained."""
+        event = threading.Event()
+        with self._lock:  # a trial starting as the drain lands is either seen or born set
+            self._trials.append(event)
+            if self.cancel.is_set():
+                event.set()
+        return event
+
     def _watch(self) -> None:
         while not self._stop.is_set():
-            if not self.cancel.is_set():
-                why = self._reason(dt.datetime.now(dt.UTC))
-                if why:
+            why = self._reason(dt.datetime.now(dt.UTC))
+            if why:
+                with self._lock:
                     self.why = why
                     self.cancel.set()
-            if self.cancel.is_set():
-                # Again each tick: a trial between its last check and its sandbox start must die too.
-                kill_own_sandboxes()
+                    for event in self._trials:
+                        event.set()
+                return
             self._stop.wait(self._interval)
 
     def __enter__(self) -> DrainWatcher:

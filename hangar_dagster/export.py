@@ -1,6 +1,6 @@
 """Export one experiment as files: index.json plus every trial attempt's manifest and trace.
 
-Everything written passes ``canary.mask``. The export is built in a hidden
+Everything written passes ``redact.redact`` (canary, API keys, tokens). The export is built in a hidden
 sibling directory and renamed into place, so ``out_dir`` is always either the
 previous complete export or the new complete one, never half of either.
 """
@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from hangar_dagster.canary import mask
 from hangar_dagster.records import TrialRecord
+from hangar_dagster.redact import redact
 from hangar_dagster.store import Store
 
 
@@ -24,7 +24,7 @@ class ExportError(ValueError):
 
 def _write_json(path: Path, value: Any, canary: str | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mask(value, canary), indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(redact(value, canary), indent=2, sort_keys=True) + "\n")
 
 
 def _attempt_dir(t: TrialRecord) -> str:
@@ -35,7 +35,7 @@ def export_experiment(store: Store, experiment_id: str, out_dir: Path, canary: s
     """Write ``out_dir/index.json`` and ``out_dir/trials/<variant>__<task>__<rep>/attempt-<n>/``.
 
     ``canary`` is the experiment's canary (from its spec); every string equal to
-    or containing it is masked. Returns the resolved ``out_dir``.
+    or containing it is masked, and keys and tokens are redacted. Returns the resolved ``out_dir``.
     """
     exp = store.experiment(experiment_id)
     if exp is None:

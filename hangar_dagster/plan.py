@@ -37,11 +37,17 @@ class ResolvedVariant(_Frozen):
     harness_digest: str
     harness_path: str  # the lock directory in the registry
     adapter: str
-    model: str
+    model: str  # the concrete id every trial runs (a policy is resolved once, at submit)
     environment: Environment
     environment_digest: str
     tasks: tuple[str, ...]
     pin_set: str
+    model_requested: str | None = None  # as the lock wrote it: an id or a policy (balanced, ...)
+    model_concrete_basis: str | None = None  # list | pattern (models.py); None: an alias
+    model_note: str | None = None  # why the basis is pattern (also an experiment note)
+    # A deprecated overlay variant: its harness was built at submit (overlay.py) and its
+    # pin set is recorded by its first finished trial.
+    overlay: bool = False
 
 
 class ResolvedExperiment(_Frozen):

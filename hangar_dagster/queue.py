@@ -8,6 +8,10 @@ and the trials asset, so the three never disagree:
 - ``blocker`` says why no trial may start now: the eval window is closed
   (``eval_window``), a monthly budget is spent (``budget``) or the outage
   breaker tripped (``outage``);
+- ``schedule_grace`` says when the driver sensor leaves an experiment to the
+  window's opening schedule (``<experiment_id>__eval_window_open``) for
+  ``OPEN_GRACE`` after the window opens; ``waiting_reason`` is what a person
+  is shown (``blocker``, else that grace);
 - ``TokenThrottle`` holds trial starts while the provider tokens-per-minute
   budget (``HANGAR_EVAL_TPM_BUDGET``) is used up.
 """
@@ -30,6 +34,9 @@ QUEUE_TAG = "hangar/queue"
 EVAL_QUEUE = "eval"
 # Eval runs queue behind interactive ones (higher priority runs dequeue first).
 EVAL_PRIORITY = "-1"
+# How long after the window opens the opening schedule alone may start an experiment that was
+# waiting for it; then the driver sensor catches up (the daemon was down at the opening).
+OPEN_GRACE = dt.timedelta(seconds=120)
 
 
 @dataclass
@@ -71,6 +78,34 @@ def blocker(
     if outage:
         return f"outage: {outage}"
     return None
+
+
+def open_schedule_name(experiment_id: str) -> str:
+    return f"{experiment_id}__eval_window_open"
+
+
+def schedule_grace(exp: ResolvedExperiment, window: EvalWindow, now: dt.datetime) -> str | None:
+    """Why the driver sensor leaves ``exp``'s trials to the opening schedule at ``now``, or None.
+
+    Only an experiment submitted before the window opened waits for the schedule,
+    and only during ``OPEN_GRACE`` after the opening.
+    """
+    opened = window.opens_at(now)
+    if opened is None or exp.submitted_at >= opened or now >= opened + OPEN_GRACE:
+        return None
+    takeover = (opened + OPEN_GRACE).astimezone(window.tz)
+    return (
+        f"eval_window_open: the window opened at {opened.astimezone(window.tz):%H:%M %Z}; "
+        f"schedule {open_schedule_name(exp.experiment_id)} starts these trials "
+        f"(the driver sensor starts them at {takeover:%H:%M:%S %Z} if it has not)"
+    )
+
+
+def waiting_reason(
+    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+) -> str | None:
+    """Why ``exp``'s pending trials are not started at ``now``: ``blocker``, else the opening grace."""
+    return blocker(exp, store, window, now) or schedule_grace(exp, window, now)
 
 
 def tpm_budget(environ: Mapping[str, str] = os.environ) -> int | None:

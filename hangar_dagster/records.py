@@ -55,9 +55,14 @@ class PinSetRecord(Record):
     environment_digest: str
     model: str
     model_concrete: bool
+    model_concrete_basis: str | None = None  # list | pattern: what vouched for the id (models.py)
     task_bases: dict[str, str]  # task id -> full base SHA
     grader_digest: str
     egress: str
+    # What a trial's turn 1 must report (drift.harness_fingerprint) and the environment's fields
+    # (drift.environment_pins): compared with each trial to name what drifted.
+    harness_fingerprint: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
     created_at: dt.datetime
 
 
@@ -101,6 +106,8 @@ class TrialRecord(Record):
     harness_digest: str
     environment_digest: str
     model: str
+    model_concrete: bool = False  # a concrete, dated id; false for an alias (ordinary jobs only)
+    model_concrete_basis: str | None = None  # list | pattern (models.py); None for an alias
     agent: str  # adapter name
     agent_is_standin: bool  # true for the scripted stand-in agent: not a real model
     base_sha: str
@@ -109,6 +116,8 @@ class TrialRecord(Record):
     duration_s: float
     outcome_class: OutcomeClass
     infra_reason: str | None
+    # Which half moved and how (harness / environment, field old -> new); set with infra_reason drift.
+    drift: str | None = None
     agent_exit_code: int | None
     verify_passed: bool | None
     verify_exit_code: int | None

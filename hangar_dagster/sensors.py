@@ -4,6 +4,11 @@ It launches the setup stages once, then a trials run whenever the eval queue
 has work for the experiment and nothing blocks it (new keys, and infra-error
 retries within the retry rules: this is the infra-retry sensor), and the index
 after each trials run. At most one run of an experiment is in flight at a time.
+
+When the window opens, the trials of an experiment that was already waiting
+belong to the window's opening schedule (schedules.py) for ``OPEN_GRACE``; the
+driver starts them only if no trials run began since the opening by then (the
+daemon was down at the opening), and says so in its skip reason meanwhile.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from hangar_dagster.assets.experiment import TAG_EXPERIMENT, TAG_STAGE, job_name
 from hangar_dagster.config import HangarPaths
 from hangar_dagster.drain import request_drain
 from hangar_dagster.plan import ResolvedExperiment
-from hangar_dagster.queue import blocker, pending
+from hangar_dagster.queue import blocker, pending, schedule_grace
 from hangar_dagster.runner import SETUP_STAGES, stage_tags
 from hangar_dagster.store import Store
 from hangar_dagster.submit import stored_experiments
@@ -36,6 +41,8 @@ IN_FLIGHT = frozenset(
     }
 )
 
+StageRuns = dict[str, list[dg.RunRecord]]  # stage -> its runs, newest first
+
 
 @dataclass
 class Decisions:
@@ -43,6 +50,37 @@ class Decisions:
     waiting: list[str] = field(
         default_factory=list
     )  # "<experiment>: <reason>", shown as the skip reason
+
+
+def daemon_driven(paths: HangarPaths, exp: ResolvedExperiment) -> bool:
+    return (paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists()
+
+
+def stage_runs(instance: dg.DagsterInstance, exp: ResolvedExperiment) -> StageRuns:
+    by_stage: StageRuns = {}
+    records = instance.get_run_records(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id}))
+    for record in records:  # newest first
+        by_stage.setdefault(record.dagster_run.tags.get(TAG_STAGE, ""), []).append(record)
+    return by_stage
+
+
+def in_flight(runs: StageRuns) -> dg.RunRecord | None:
+    return next((r for rs in runs.values() for r in rs if r.dagster_run.status in IN_FLIGHT), None)
+
+
+def setup_gap(runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
+    """The first setup stage whose latest run did not succeed, with that run (None: never ran)."""
+    for stage in SETUP_STAGES:
+        done = runs.get(stage, [])
+        if not done:
+            return stage, None
+        if done[0].dagster_run.status != dg.DagsterRunStatus.SUCCESS:
+            return stage, done[0]
+    return None
+
+
+def started_since(runs: list[dg.RunRecord], at: dt.datetime | None) -> bool:
+    return at is not None and any(r.create_timestamp >= at for r in runs)
 
 
 def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
@@ -60,34 +98,28 @@ def decide(
     out = Decisions()
     store = Store(paths)
     for exp in stored_experiments(paths):
-        if not (paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists():
+        if not daemon_driven(paths, exp):
             continue
-        records = instance.get_run_records(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id}))
-        if any(r.dagster_run.status in IN_FLIGHT for r in records):
+        runs = stage_runs(instance, exp)
+        if in_flight(runs) is not None:
             continue
-        by_stage: dict[str, list[dg.RunRecord]] = {}
-        for record in records:  # newest first
-            by_stage.setdefault(record.dagster_run.tags.get(TAG_STAGE, ""), []).append(record)
-        setup_done = True
-        for stage in SETUP_STAGES:
-            done = by_stage.get(stage, [])
-            if not done:
+        gap = setup_gap(runs)
+        if gap is not None:
+            stage, last = gap
+            if last is None:
                 out.requests.append(_request(exp, stage, 1))
-            if not done or done[0].dagster_run.status != dg.DagsterRunStatus.SUCCESS:
-                setup_done = (
-                    False  # requested now, or failed: a person looks before anything else starts
-                )
-                break
-        if not setup_done:
+            # else it failed: a person looks before anything else starts
             continue
-        trials_runs = by_stage.get("trials", [])
+        trials_runs = runs.get("trials", [])
         if pending(exp, store):
             why = blocker(exp, store, window, now)
+            if why is None and not started_since(trials_runs, window.opens_at(now)):
+                why = schedule_grace(exp, window, now)
             if why is None:
                 out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
                 continue
             out.waiting.append(f"{exp.experiment_id}: {why}")
-        index_runs = by_stage.get("index", [])
+        index_runs = runs.get("index", [])
         # The index follows every trials run, and is written once more when nothing else can run.
         if trials_runs and (
             not index_runs or index_runs[0].create_timestamp < trials_runs[0].create_timestamp

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hangar_dagster.models import floating_reason
+from hangar_dagster.models import ModelCatalog
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 _ID = re.compile(ID_PATTERN)
@@ -247,14 +247,6 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                     fix="put those settings into the harness lock, or drop harness_lock and use the (deprecated) overlay",
                 )
             )
-        if variant.harness_lock is None and not overlay:
-            problems.append(
-                Problem(
-                    path=where,
-                    message="the variant names no harness",
-                    fix="set harness_lock: name@sha256:<digest>",
-                )
-            )
         if variant.harness_lock is not None and not re.fullmatch(
             r"[A-Za-z0-9][A-Za-z0-9._-]*@sha256:[0-9a-f]{64}", variant.harness_lock
         ):
@@ -265,13 +257,11 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                     fix="copy the lock's full name from `hangar harness freeze` or the registry",
                 )
             )
-        if variant.model is not None and (why := floating_reason(variant.model)):
+        if variant.model is not None and (
+            refused := ModelCatalog.from_env().refusal(variant.model)
+        ):
             problems.append(
-                Problem(
-                    path=f"{where}.model",
-                    message=f"floating model alias: {why}",
-                    fix="name a concrete, dated model id",
-                )
+                Problem(path=f"{where}.model", message=refused.message, fix=refused.fix)
             )
         for j, t in enumerate(variant.tasks or []):
             if t not in seen:

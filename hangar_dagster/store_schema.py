@@ -233,7 +233,7 @@ _HIDDEN = ("total", "passed", "failed", "errors", "skipped")
 # of the latest trials/grades join this view, and variant_summary is built on it.
 INDEX_VIEW = f"""CREATE OR REPLACE VIEW experiment_index AS
 SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
-  t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.verify_passed,
+  t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
   g.passed, g.trust, g.hidden_tests,
   {", ".join(f"CAST(g.hidden_tests->>'{k}' AS BIGINT) AS hidden_{k}" for k in _HIDDEN)},
   COALESCE(g.task_invalid, b.invalid) AS task_invalid,

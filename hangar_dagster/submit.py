@@ -8,24 +8,29 @@ and raises one ``SpecError`` listing them all; nothing is written then.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 
 from hangar_dagster.budget import projection_note, submit_problems
-from hangar_dagster.canary import mask, new_canary
+from hangar_dagster.canary import new_canary
 from hangar_dagster.config import HangarPaths
 from hangar_dagster.digests import sha256_json
 from hangar_dagster.gitrepo import GitError, repo_location, resolve_base
 from hangar_dagster.grading.grader import grader_digest
-from hangar_dagster.harness import HarnessError, load_lock
-from hangar_dagster.models import floating_reason
-from hangar_dagster.pins import environment_digest, pin_content, pin_set_id
+from hangar_dagster.harness import CLI_PINS, CliPins, HarnessError, load_lock, read_cli_pins
+from hangar_dagster.models import ModelCatalog, ModelListError
+from hangar_dagster.overlay import OVERLAYS, OverlayError, OverlayTarget, deprecation_note
+from hangar_dagster.overlay import build as build_overlay
+from hangar_dagster.pins import environment_digest, lock_pin_content, pin_set_id
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
 from hangar_dagster.records import ExperimentRecord, NoteRecord, utcnow
+from hangar_dagster.redact import redact
 from hangar_dagster.spec import ExperimentSpec, Problem, SpecError, Task, load_spec
 from hangar_dagster.store import Store
 
@@ -104,7 +109,34 @@ def new_experiment_id(name: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{secrets.token_hex(4)}"
 
 
-def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
+def resolve(
+    spec: ExperimentSpec,
+    spec_path: Path,
+    *,
+    require_concrete: bool = False,
+    experiment_id: str | None = None,
+    overlays: OverlayTarget | None = None,
+) -> ResolvedExperiment:
+    """Pin everything ``spec`` points at; ``require_concrete`` (experiments) refuses model aliases.
+
+    Ordinary jobs (``hangar grade``) resolve without it: an alias stays, recorded as not concrete.
+    Overlay variants are built into ``overlays`` (submit: the experiment's directory); without
+    it they are built in a temporary directory, only to pin them.
+    """
+    with contextlib.ExitStack() as stack:
+        if overlays is None:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            overlays = OverlayTarget(build=scratch, final=scratch)
+        return _resolve(spec, spec_path, require_concrete, experiment_id, overlays)
+
+
+def _resolve(
+    spec: ExperimentSpec,
+    spec_path: Path,
+    require_concrete: bool,
+    experiment_id: str | None,
+    overlays: OverlayTarget,
+) -> ResolvedExperiment:
     spec_dir = spec_path.resolve().parent
     problems: list[Problem] = []
 
@@ -144,19 +176,29 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
 
     g_digest = grader_digest(spec.grader, {t.id: t.hidden_files for t in tasks.values()})
     registry = _harness_registry(spec, spec_dir)
+    catalog = ModelCatalog.from_env()  # one per experiment: every policy resolves once
+    cli_pins: CliPins | None = None
+    if registry is not None:
+        try:
+            cli_pins = read_cli_pins(registry)
+        except HarnessError as err:
+            problems.append(
+                Problem(
+                    path="harness_repo",
+                    message=str(err),
+                    fix=f"fix {CLI_PINS} at the registry root (see docs/architecture.md)",
+                )
+            )
     variants: dict[str, ResolvedVariant] = {}
     for name, variant in spec.variants.items():
         where = f"variants.{name}"
         if variant.harness_lock is None:
-            problems.append(
-                Problem(
-                    path=where,
-                    message="overlay variants (harness/model/skills fields) cannot run in this version",
-                    fix="freeze the configuration into a harness lock and set harness_lock",
-                )
-            )
-            continue
-        if registry is None:
+            try:  # the deprecated overlay: built into the experiment's own registry
+                lock = build_overlay(spec.name, name, variant, spec_dir, registry, overlays.build)
+            except OverlayError as err:
+                problems.append(err.problem)
+                continue
+        elif registry is None:
             problems.append(
                 Problem(
                     path="harness_repo",
@@ -165,24 +207,36 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
                 )
             )
             continue
+        else:
+            try:
+                lock = load_lock(registry, variant.harness_lock)
+            except HarnessError as err:
+                problems.append(
+                    Problem(
+                        path=f"{where}.harness_lock",
+                        message=str(err),
+                        fix="freeze the harness again and use the new name",
+                    )
+                )
+                continue
+        if cli_pins is not None and (pin_problem := cli_pins.problem(lock)):
+            problems.append(
+                Problem(path=f"{where}.harness_lock", message=pin_problem[0], fix=pin_problem[1])
+            )
         try:
-            lock = load_lock(registry, variant.harness_lock)
-        except HarnessError as err:
+            model = catalog.choose(lock.model, lock.adapter)
+        except ModelListError as err:
             problems.append(
                 Problem(
                     path=f"{where}.harness_lock",
-                    message=str(err),
-                    fix="freeze the harness again and use the new name",
+                    message=f"the lock's model: {err}",
+                    fix="name a concrete, dated model id in the lock, or fix the model list",
                 )
             )
             continue
-        if why := floating_reason(lock.model):
+        if require_concrete and (refused := catalog.refusal(model.model, lock.adapter)):
             problems.append(
-                Problem(
-                    path=f"{where}.harness_lock",
-                    message=f"the lock's model is a floating alias: {why}",
-                    fix="freeze a lock with a concrete, dated model id",
-                )
+                Problem(path=f"{where}.harness_lock", message=refused.message, fix=refused.fix)
             )
         environment = variant.environment or spec.environment
         if environment.egress.mode != "none":
@@ -195,26 +249,32 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
             )
         run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
         env_digest = environment_digest(environment)
-        content = pin_content(
-            harness_lock=lock.ref,
-            harness_digest=lock.digest,
-            environment_digest=env_digest,
-            model=lock.model,
+        content = lock_pin_content(
+            lock,
+            environment,
+            model=model.model,
+            model_concrete_basis=model.basis,
             task_bases={t: tasks[t].base_sha for t in run_tasks},
             grader_digest=g_digest,
-            egress=environment.egress.mode,
         )
         variants[name] = ResolvedVariant(
             name=name,
             harness_lock=lock.ref,
             harness_digest=lock.digest,
-            harness_path=str(lock.path),
+            # An overlay's lock is built in staging and lives in the experiment's directory.
+            harness_path=str(
+                overlays.final / lock.ref if variant.harness_lock is None else lock.path
+            ),
             adapter=lock.adapter,
-            model=lock.model,
+            model=model.model,
+            model_requested=model.requested,
+            model_concrete_basis=model.basis,
+            model_note=model.note if model.basis == "pattern" else None,
             environment=environment,
             environment_digest=env_digest,
             tasks=run_tasks,
             pin_set=pin_set_id(content),
+            overlay=variant.harness_lock is None,
         )
     if problems:
         raise SpecError(str(spec_path), problems)
@@ -222,7 +282,7 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
     canary = spec.grader.canary or new_canary()
     pinned = spec.model_copy(update={"grader": spec.grader.model_copy(update={"canary": canary})})
     return ResolvedExperiment(
-        experiment_id=new_experiment_id(spec.name),
+        experiment_id=experiment_id or new_experiment_id(spec.name),
         name=spec.name,
         author=spec.author or os.environ.get("USER") or getpass.getuser(),
         spec_path=str(spec_path.resolve()),
@@ -235,20 +295,35 @@ def resolve(spec: ExperimentSpec, spec_path: Path) -> ResolvedExperiment:
 
 
 def masked_spec_json(exp: ResolvedExperiment) -> str:
-    return str(mask(exp.spec.model_dump_json(exclude_none=True), exp.canary))
+    return str(redact(exp.spec.model_dump_json(exclude_none=True), exp.canary))
 
 
 def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
-    exp = resolve(load_spec(spec_path), spec_path)
+    spec = load_spec(spec_path)
+    experiment_id = new_experiment_id(spec.name)
     store = Store(paths)
-    n_trials = len(exp.trial_keys())
-    if problems := submit_problems(store, exp.spec, exp.author, n_trials, exp.submitted_at):
-        raise SpecError(str(spec_path), problems)
-    paths.experiments.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))
-    (staging / RESOLVED).write_text(exp.model_dump_json(indent=2))
-    os.replace(staging, paths.experiment_dir(exp.experiment_id))
+    final = paths.experiment_dir(experiment_id)
+    # Overlay harnesses are built outside HANGAR_HOME (a refused spec writes nothing there),
+    # then moved into staging with resolved.json: the experiment's directory appears whole.
+    with tempfile.TemporaryDirectory(prefix="hangar-submit-") as scratch:
+        built = Path(scratch) / OVERLAYS
+        exp = resolve(
+            spec,
+            spec_path,
+            require_concrete=True,
+            experiment_id=experiment_id,
+            overlays=OverlayTarget(build=built, final=final / OVERLAYS),
+        )
+        n_trials = len(exp.trial_keys())
+        if problems := submit_problems(store, exp.spec, exp.author, n_trials, exp.submitted_at):
+            raise SpecError(str(spec_path), problems)
+        paths.experiments.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))
+        if built.is_dir():
+            shutil.move(built, staging / OVERLAYS)
+        (staging / RESOLVED).write_text(exp.model_dump_json(indent=2))
+        os.replace(staging, final)
     spec_json = masked_spec_json(exp)
     store.put(
         ExperimentRecord(
@@ -268,6 +343,18 @@ def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
     )
     if note := projection_note(exp.spec, n_trials):
         store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))
+    for v in exp.variants.values():
+        if v.overlay:
+            store.put(deprecation_note(exp, v))
+    for v in exp.variants.values():
+        if v.model_note:
+            store.put(
+                NoteRecord(
+                    experiment_id=exp.experiment_id,
+                    kind="model",
+                    message=f"variant {v.name}: {v.model_note}",
+                )
+            )
     return exp
 
 

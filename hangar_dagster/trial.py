@@ -5,12 +5,19 @@ end is an outcome in the returned ``TrialRecord`` (infrastructure failures as
 ``infra_error`` with an ``infra_reason``), and its artifacts are written under
 ``HangarPaths.trial_artifacts`` with the canary masked: ``manifest.json``
 (what it ran with), ``trace.json`` (what it did), ``patch.diff``,
-``agent.log``, ``verify.log``, ``build.log`` and the agent's ``RESULT.md``
-when it left one. The scratch work dir is deleted at the end.
+``agent.log``, ``verify.log``, ``build.log``, the agent's ``RESULT.md``
+when it left one and the model proxy's ``egress.jsonl`` when there was one.
+The scratch work dir is deleted at the end.
 
-Since the artifacts are masked, the raw canary can no longer be found in
-them; the trace's ``canary_seen_in`` lists where it was seen before masking.
-The returned patch text is the raw patch (for a caller grading in process).
+Everything written, and the record, passes ``redact.redact`` (canary, API
+keys, tokens). Since the artifacts are masked, the raw canary can no longer be
+found in them; the trace's ``canary_seen_in`` lists where it was seen before
+masking. The returned patch text is the raw patch (for a caller grading in
+process).
+
+After the agent ran, its turn-1 fingerprint and the environment it ran in are
+compared with the pin set's (``drift.py``); a mismatch ends the attempt as
+``infra_error / drift`` with the record's ``drift`` naming the half and fields.
 """
 
 from __future__ import annotations
@@ -28,14 +35,23 @@ from typing import Any
 
 from hangar_dagster.agents import Agent, AgentContext, AgentRun, UnknownAgent, get_agent
 from hangar_dagster.agents.standin import sandbox_path
-from hangar_dagster.canary import mask
 from hangar_dagster.config import HangarPaths
+from hangar_dagster.drift import (
+    Drift,
+    check_drift,
+    environment_observed,
+    environment_pins,
+    harness_fingerprint,
+    turn1_harness_digest,
+)
 from hangar_dagster.fsutil import remove_tree, write_atomic
 from hangar_dagster.gitrepo import GitError, changed_files, git, isolated_clone, take_patch
 from hangar_dagster.grading.signals import canary_hits
-from hangar_dagster.harness import HarnessError, HarnessLock, load_lock
+from hangar_dagster.harness import HarnessError, HarnessLock, thaw
+from hangar_dagster.models import floating_reason
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant, TrialKey
 from hangar_dagster.records import OutcomeClass, TrialRecord, utcnow
+from hangar_dagster.redact import redact, secret_values
 from hangar_dagster.sandbox import (
     Sandbox,
     SandboxRequest,
@@ -46,6 +62,7 @@ from hangar_dagster.sandbox import (
 from hangar_dagster.sandbox._common import read_sandbox_file
 
 RESULT_LIMIT = 1_000_000  # bytes of the agent's RESULT.md kept
+EGRESS_LIMIT = 5_000_000  # bytes of the model proxy's egress.jsonl kept
 LOG_LIMIT = 1_000_000  # bytes of build and verify output kept, each stream
 
 
@@ -56,15 +73,25 @@ class TrialRequest:
     attempt: int
     retry_of: str | None
     run_id: str
-    # Set by the end-of-window drain: the attempt ends as infra_error / power_down (see drain.py).
+    # This trial's own cancel event, set by the end-of-window drain (see drain.py): it stops the
+    # build and the agent (the agent's context gets it); the attempt ends infra_error / power_down.
     cancel: threading.Event | None = field(default=None, compare=False)
 
 
-def _drained(req: TrialRequest) -> None:
-    if req.cancel is not None and req.cancel.is_set():
-        raise InfraError(
-            "power_down", "drained at the end of the eval window; runs again in the next one"
-        )
+def _drained(req: TrialRequest, run: AgentRun | None = None) -> None:
+    """End the attempt as power_down if the drain reached it while it was drainable.
+
+    Before the agent ran, any drain counts. After it, only one that stopped the agent: an
+    agent that ended by itself (an exit code, its time limit, its budget) keeps its outcome,
+    and from there on the trial is no longer drainable (verify runs without the cancel event).
+    """
+    if req.cancel is None or not req.cancel.is_set():
+        return
+    if run is not None and (run.exit_code is not None or run.timed_out or run.budget_stopped):
+        return
+    raise InfraError(
+        "power_down", "drained at the end of the eval window; runs again in the next one"
+    )
 
 
 class InfraError(Exception):
@@ -89,6 +116,11 @@ class _Trial:
     patch: str = ""
     infra_reason: str | None = None
     error: str | None = None
+    build_ran: list[str] = field(default_factory=list)
+    egress: str | None = None  # the model proxy's egress.jsonl
+    secrets: list[str] = field(default_factory=list)  # secret values the agent was given
+    harness_pins: dict[str, Any] | None = None  # the turn-1 fingerprint the pin set expects
+    drift: Drift | None = None
 
 
 def _sandbox_env(task: ResolvedTask) -> dict[str, str]:
@@ -101,7 +133,12 @@ def _sandbox_env(task: ResolvedTask) -> dict[str, str]:
 
 
 def _shell(
-    sandbox: Sandbox, command: str, repo: Path, variant: ResolvedVariant, task: ResolvedTask
+    sandbox: Sandbox,
+    command: str,
+    repo: Path,
+    variant: ResolvedVariant,
+    task: ResolvedTask,
+    cancel: threading.Event | None = None,
 ) -> SandboxResult:
     res = variant.environment.resources
     return sandbox.run(
@@ -112,6 +149,7 @@ def _shell(
             timeout_s=res.timeout_s,
             memory_mb=res.memory_mb,
             output_limit=LOG_LIMIT,
+            cancel=cancel,
         )
     )
 
@@ -149,11 +187,18 @@ def _prepare(
     except SandboxUnavailable as err:
         raise InfraError("sandbox_create", str(err)) from err
     try:
-        harness = load_lock(Path(variant.harness_path).parent, variant.harness_lock)
+        # The agent gets a read-only copy in the work dir, verified again after copying.
+        harness = thaw(Path(variant.harness_path).parent, variant.harness_lock, work / "harness")
         state.agent = get_agent(variant.adapter)
     except (HarnessError, UnknownAgent) as err:
         raise InfraError("harness", str(err)) from err
     if harness.digest != variant.harness_digest or harness.adapter != variant.adapter:
+        state.drift = check_drift(
+            {"harness_digest": variant.harness_digest, "adapter": variant.adapter},
+            {"harness_digest": harness.digest, "adapter": harness.adapter},
+            {},
+            {},
+        )
         raise InfraError(
             "drift",
             f"harness lock {harness.ref} (adapter {harness.adapter}) is not what variant "
@@ -170,8 +215,10 @@ def _prepare(
     base = task.base_sha
     if environment.build:
         for command in environment.build:
-            result = _shell(sandbox, command, repo, variant, task)
+            result = _shell(sandbox, command, repo, variant, task, req.cancel)
+            state.build_ran.append(command)
             state.build_log += _log("build", command, result)
+            _drained(req)  # a build step the drain stopped did not fail
             if result.timed_out or result.exit_code != 0:
                 raise InfraError(
                     "build",
@@ -204,22 +251,45 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
         sandbox=sandbox,
         network=variant.environment.egress.mode != "none",
         out_dir=work / "agent",
+        max_cost_usd=exp.spec.trial_job_budget.max_cost_usd if exp.spec.trial_job_budget else None,
+        cancel=req.cancel if req.cancel is not None else threading.Event(),
     )
+    state.secrets = secret_values(ctx.env)
     try:
         state.run = state.agent.run(ctx)
     except SandboxUnavailable as err:
         raise InfraError("sandbox_create", str(err)) from err
     except HarnessError as err:
         raise InfraError("harness", str(err)) from err
-    _drained(req)  # the drain killed the agent's sandbox: its exit says nothing about the agent
+    _drained(req, state.run)  # an agent the drain stopped says nothing about the agent
     for found in sorted((work / "agent").rglob("RESULT.md")):
         state.result_md = read_sandbox_file(found, RESULT_LIMIT)
         break
+    state.egress = read_sandbox_file(work / "agent" / "egress.jsonl", EGRESS_LIMIT)
     try:
         # Before verify, so what verify leaves behind (caches, bytecode) is not in the patch.
         state.patch = take_patch(work / "repo", base, git_dir=git_dir)
     except GitError as err:
         raise InfraError("patch", str(err)) from err
+    # After the patch (kept for audit), before verify: a drifted run measures nothing.
+    state.harness_pins = harness_fingerprint(harness, variant.model)
+    state.drift = check_drift(
+        state.harness_pins,
+        state.run.fingerprint,
+        environment_pins(variant.environment),
+        environment_observed(
+            state.sandbox_info,
+            network=ctx.network,
+            timeout_s=ctx.timeout_s,
+            memory_mb=ctx.memory_mb,
+            build=state.build_ran,
+        ),
+    )
+    if state.drift:
+        raise InfraError(
+            "drift",
+            f"turn 1 did not run what pin set {variant.pin_set} pinned: {state.drift.summary()}",
+        )
     if task.verify:
         result = _shell(sandbox, task.verify, work / "repo", variant, task)
         state.verify_log = _log("verify", task.verify, result)
@@ -230,7 +300,6 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
             "passed": result.exit_code == 0,
             "duration_s": round(result.duration_s, 3),
         }
-        _drained(req)
 
 
 def _outcome(exp: ResolvedExperiment, state: _Trial) -> OutcomeClass:
@@ -240,7 +309,7 @@ def _outcome(exp: ResolvedExperiment, state: _Trial) -> OutcomeClass:
     if run.timed_out:
         return "timeout"
     budget = exp.spec.trial_job_budget
-    if budget is not None and run.cost_usd > budget.max_cost_usd:
+    if run.budget_stopped or (budget is not None and run.cost_usd > budget.max_cost_usd):
         return "budget_exceeded"
     if run.exit_code != 0:
         return "agent_error"
@@ -280,7 +349,12 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         "trace": json.dumps(run.events if run else []),
         "verify.log": state.verify_log,
         **({"RESULT.md": state.result_md} if state.result_md is not None else {}),
+        **({"egress": state.egress} if state.egress is not None else {}),
     }
+
+    def clean(value: Any) -> Any:
+        return redact(value, canary, state.secrets)
+
     manifest: dict[str, Any] = {
         "experiment_id": exp.experiment_id,
         "trial_key": req.key.key,
@@ -290,9 +364,16 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         "pin_set": variant.pin_set,
         "harness_lock": variant.harness_lock,
         "harness_digest": variant.harness_digest,
+        # The directory the agent's harness was verified and thawed from; freeze-variants reads it.
+        "harness_path": variant.harness_path,
+        "overlay": variant.overlay,
         "environment": variant.environment.model_dump(mode="json"),
         "environment_digest": variant.environment_digest,
+        "harness_fingerprint": state.harness_pins,
         "model": variant.model,
+        "model_requested": variant.model_requested or variant.model,
+        "model_concrete": floating_reason(variant.model) is None,
+        "model_concrete_basis": variant.model_concrete_basis,
         "agent": variant.adapter,
         "agent_is_standin": is_standin,
         "task": {"id": task.id, "repo": task.repo, "base_sha": task.base_sha},
@@ -312,22 +393,29 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         "tokens_in": run.tokens_in if run else 0,
         "tokens_out": run.tokens_out if run else 0,
         "cost_usd": run.cost_usd if run else 0.0,
+        "budget_stopped": run.budget_stopped if run else False,
         "fingerprint": run.fingerprint if run else {},
+        "turn1_harness_digest": turn1_harness_digest(run.fingerprint)
+        if run and run.fingerprint
+        else None,
+        "drift": state.drift.as_json() if state.drift is not None else None,
         "verify": state.verify,
         "canary_seen_in": canary_hits(texts, canary),
     }
-    manifest, trace = mask(manifest, canary), mask(trace, canary)
-    patch_out = mask(state.patch, canary)
+    manifest, trace = clean(manifest), clean(trace)
+    patch_out = clean(state.patch)
     art.mkdir(parents=True, exist_ok=True)
     write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
     write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
     write_atomic(art / "patch.diff", patch_out)
-    write_atomic(art / "agent.log", mask(agent_log, canary))
-    write_atomic(art / "verify.log", mask(state.verify_log or "(no verify command ran)\n", canary))
+    write_atomic(art / "agent.log", clean(agent_log))
+    write_atomic(art / "verify.log", clean(state.verify_log or "(no verify command ran)\n"))
     if state.build_log:
-        write_atomic(art / "build.log", mask(state.build_log, canary))
+        write_atomic(art / "build.log", clean(state.build_log))
     if state.result_md is not None:
-        write_atomic(art / "RESULT.md", mask(state.result_md, canary))
+        write_atomic(art / "RESULT.md", clean(state.result_md))
+    if state.egress is not None:
+        write_atomic(art / "egress.jsonl", clean(state.egress))
     finished_at = utcnow()
     record = TrialRecord(
         experiment_id=exp.experiment_id,
@@ -342,6 +430,8 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         harness_digest=variant.harness_digest,
         environment_digest=variant.environment_digest,
         model=variant.model,
+        model_concrete=floating_reason(variant.model) is None,
+        model_concrete_basis=variant.model_concrete_basis,
         agent=variant.adapter,
         agent_is_standin=is_standin,
         base_sha=task.base_sha,
@@ -350,6 +440,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         duration_s=time.monotonic() - started,
         outcome_class=outcome,
         infra_reason=state.infra_reason,
+        drift=clean(state.drift.summary()) if state.drift else None,
         agent_exit_code=run.exit_code if run else None,
         verify_passed=state.verify["passed"] if state.verify else None,
         verify_exit_code=state.verify["exit_code"] if state.verify else None,
@@ -360,7 +451,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         tokens_in=run.tokens_in if run else 0,
         tokens_out=run.tokens_out if run else 0,
         cost_usd=run.cost_usd if run else 0.0,
-        error=mask(state.error, canary),
+        error=clean(state.error),
         manifest=manifest,
         trace=trace,
         artifacts_dir=str(art),

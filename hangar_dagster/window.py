@@ -85,6 +85,12 @@ class EvalWindow:
         # Only a night whose both ends fall in one DST gap has no window; the next night does.
         raise AssertionError(f"no window opens within two days of {at.isoformat()}")
 
+    def opens_at(self, at: datetime.datetime) -> datetime.datetime | None:
+        """The start (UTC) of the window containing ``at``; None when closed or always open."""
+        now = _utc(at, "opens_at")
+        span = None if self.always else self._containing(now)
+        return None if span is None else span[0]
+
     def closes_at(self, at: datetime.datetime) -> datetime.datetime | None:
         """The end (UTC) of the window containing ``at``; None when closed or always open."""
         now = _utc(at, "closes_at")

@@ -11,7 +11,15 @@ import yaml
 
 from hangar_dagster.config import paths
 from hangar_dagster.plan import ResolvedExperiment
-from hangar_dagster.queue import TokenThrottle, blocker, pending, tpm_budget
+from hangar_dagster.queue import (
+    OPEN_GRACE,
+    TokenThrottle,
+    blocker,
+    pending,
+    tpm_budget,
+    waiting_reason,
+)
+from hangar_dagster.records import TrialRecord
 from hangar_dagster.runner import stage_tags
 from hangar_dagster.store import Store
 from hangar_dagster.submit import submit
@@ -28,7 +36,7 @@ def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
     return submit(example_dir / "experiment.yaml", paths())
 
 
-def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> f.TrialRecord:
+def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
     variant, task, rep = key.split("/")
     at = kw.pop("finished_at", AT_NIGHT)
     return f.trial(
@@ -60,6 +68,27 @@ def test_closed_window_blocks_with_reason_eval_window(exp: ResolvedExperiment) -
     assert "2026-11-29 20:00" in why
     assert blocker(exp, store, NIGHTLY, AT_NIGHT) is None
     assert blocker(exp, store, parse_window("always"), afternoon) is None
+
+
+def test_waiting_reason_names_the_opening_schedule_during_its_grace(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    opens = dt.datetime(2027, 1, 15, 20, 0, tzinfo=NY)  # after the submission (now)
+    at_two = waiting_reason(exp, store, NIGHTLY, opens.replace(hour=14))
+    assert at_two is not None and at_two.startswith("eval_window: ")
+    why = waiting_reason(exp, store, NIGHTLY, opens + dt.timedelta(seconds=30))
+    assert why == (
+        "eval_window_open: the window opened at 20:00 EST; schedule "
+        f"{exp.experiment_id}__eval_window_open starts these trials (the driver sensor "
+        "starts them at 20:02:00 EST if it has not)"
+    )
+    assert blocker(exp, store, NIGHTLY, opens) is None  # a trial may start: the grace is no block
+    assert waiting_reason(exp, store, NIGHTLY, opens + OPEN_GRACE) is None
+    # Submitted inside the window (the window of the night it was submitted): nothing to wait for.
+    submitted = exp.submitted_at.astimezone(NY)
+    inside = parse_window(f"{submitted:%H:%M}-{submitted + dt.timedelta(hours=1):%H:%M}")
+    assert waiting_reason(exp, store, inside, exp.submitted_at) is None
 
 
 def test_a_spent_budget_blocks_new_starts(

@@ -53,6 +53,18 @@ def test_default_window_in_winter_and_summer(day: tuple[int, int, int], offset_h
     assert elapsed(opens, closes) == datetime.timedelta(hours=4, minutes=15)
 
 
+def test_opens_at_is_the_start_of_the_window_containing_an_instant() -> None:
+    window = window_from_env({})
+    opens = ny(2026, 7, 15, 20)
+    assert window.opens_at(opens) == opens
+    assert window.opens_at(ny(2026, 7, 16, 0, 14)) == opens  # after midnight, same window
+    assert window.opens_at(ny(2026, 7, 16, 0, 15)) is None  # closed
+    assert window.opens_at(ny(2026, 7, 15, 14)) is None
+    # The spring-forward night: 02:30 does not exist, the window opens at 03:00 EDT.
+    assert parse_window("02:30-04:00").opens_at(ny(2027, 3, 14, 3, 10)) == ny(2027, 3, 14, 3)
+    assert parse_window("always").opens_at(opens) is None
+
+
 def test_submitted_at_two_in_the_afternoon_waits_for_eight() -> None:
     window = window_from_env({})
     afternoon = ny(2026, 1, 15, 14)
@@ -180,7 +192,7 @@ def test_bad_time_zones_say_what_to_write(value: str) -> None:
 def test_naive_datetimes_are_refused() -> None:
     window = window_from_env({})
     naive = datetime.datetime(2026, 1, 15, 20)  # noqa: DTZ001 - the point of the test
-    for method in (window.is_open, window.next_open, window.closes_at):
+    for method in (window.is_open, window.next_open, window.opens_at, window.closes_at):
         with pytest.raises(ValueError, match="needs a timezone-aware datetime"):
             method(naive)
 

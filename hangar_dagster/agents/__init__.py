@@ -66,6 +66,9 @@ class Agent(ABC):
 _ADAPTERS = {
     "standin": "hangar_dagster.agents.standin:StandinAgent",
     "command": "hangar_dagster.agents.command:CommandAgent",
+    "claude-code": "hangar_dagster.agents.claude_code:ClaudeCodeAgent",
+    "codex": "hangar_dagster.agents.codex:CodexAgent",
+    "mini-swe-agent": "hangar_dagster.agents.mini_swe:MiniSweAgent",
 }
 
 

@@ -13,18 +13,23 @@ clone. Everything else reaches it through the environment and files:
   the context's extra variables (API endpoints).
 
 The turn-1 fingerprint is what the adapter launched (CLI and version from
-``harness.yaml``, model, instructions and skills digests), plus whatever the
-command itself reported in its first ``turn`` event.
+``harness.yaml``, model, instructions and skills digests), overridden by
+whatever the command itself reported in its first ``turn`` event's
+``fingerprint`` (kept whole under ``reported``): the drift check compares it
+with the pin set. The trace file is followed while the command runs, so a
+trial budget (``ctx.max_cost_usd``) stops it once its ``usage`` events pass it.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from hangar_dagster.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.agents.cli_run import agent_run, ending_error
+from hangar_dagster.agents.live import LiveUsage
 from hangar_dagster.agents.standin import parse_trace, sandbox_path
-from hangar_dagster.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.drift import HARNESS_KEYS, harness_fingerprint
+from hangar_dagster.harness import HarnessError, HarnessLock
 from hangar_dagster.sandbox import Mount, SandboxRequest, SandboxResult
 from hangar_dagster.sandbox._common import read_sandbox_file
 
@@ -33,7 +38,6 @@ IN_MOUNT = "/hangar-in"
 OUT_MOUNT = "/out"
 INSTRUCTIONS_NAME = "INSTRUCTIONS.md"
 TRACE_NAME = "trace.jsonl"
-TAIL_CHARS = 4000
 TRACE_LIMIT = 5_000_000  # bytes of the trace file read back
 
 
@@ -61,22 +65,8 @@ def instructions_text(ctx: AgentContext) -> str:
 
 
 def fingerprint(ctx: AgentContext) -> dict[str, Any]:
-    """What was launched: compared with the pinned lock to detect drift."""
-    agent = ctx.harness.config["agent"]
-    file = ctx.harness.instructions_file
-    skills = ctx.harness.skills_dir
-    return {
-        "adapter": "command",
-        "harness": ctx.harness.ref,
-        "cli": agent.get("cli"),
-        "cli_version": agent.get("version"),
-        "model": ctx.model,
-        "tools": agent.get("tools"),
-        "instructions_digest": hashlib.sha256(file.read_bytes()).hexdigest()
-        if file and file.is_file()
-        else None,
-        "skills_digest": tree_digest(skills) if skills.is_dir() else None,
-    }
+    """What was launched: every contract key, None where the lock leaves it open."""
+    return dict.fromkeys(HARNESS_KEYS) | harness_fingerprint(ctx.harness, ctx.model)
 
 
 def request_for(ctx: AgentContext) -> SandboxRequest:
@@ -112,6 +102,7 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
             Mount(out_dir, OUT_MOUNT, writable=True),
         ],
         network=ctx.network,
+        cancel=ctx.cancel,
     )
 
 
@@ -120,33 +111,33 @@ def _total(events: list[dict[str, Any]], key: str) -> float:
     return sum(float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool))
 
 
-def to_run(ctx: AgentContext, result: SandboxResult, trace_text: str) -> AgentRun:
+def to_run(
+    ctx: AgentContext, result: SandboxResult, trace_text: str, budget_stopped: bool = False
+) -> AgentRun:
     events = parse_trace(trace_text)
     first_turn = next((e for e in events if e["type"] == "turn"), None)
     launched = fingerprint(ctx)
     reported = first_turn.get("fingerprint") if first_turn else None
     if isinstance(reported, dict):
         launched["reported"] = reported
-    error = None
-    if result.timed_out:
-        error = f"the agent command ran out of time ({ctx.timeout_s:g}s)"
-    elif result.exit_code != 0:
-        last = result.stderr.strip().splitlines()[-1:] or [""]
-        error = f"the agent command exited with code {result.exit_code}" + (
-            f": {last[0]}" if last[0] else ""
-        )
-    output = result.stdout + (f"\n--- stderr ---\n{result.stderr}" if result.stderr else "")
-    return AgentRun(
-        exit_code=result.exit_code,
-        timed_out=result.timed_out,
+        # What the command says it ran wins over what was launched (the adapter contract).
+        launched.update({k: v for k, v in reported.items() if k in HARNESS_KEYS})
+    return agent_run(
+        result,
         events=events,
         turns=sum(1 for e in events if e["type"] == "turn"),
-        tokens_in=int(_total(events, "tokens_in")),
-        tokens_out=int(_total(events, "tokens_out")),
+        tokens=(int(_total(events, "tokens_in")), int(_total(events, "tokens_out"))),
         cost_usd=_total(events, "cost_usd"),
         fingerprint=launched,
-        output_tail=output[-TAIL_CHARS:],
-        error=error,
+        # The command's usage events are its own report of what it spent.
+        error=ending_error(
+            "the agent command",
+            ctx,
+            result,
+            budget_stopped=budget_stopped,
+            spend="reported cost",
+        ),
+        budget_stopped=budget_stopped,
     )
 
 
@@ -155,6 +146,9 @@ class CommandAgent(Agent):
 
     def run(self, ctx: AgentContext) -> AgentRun:
         request = request_for(ctx)
-        result = ctx.sandbox.run(request)
-        trace_text = read_sandbox_file(ctx.out_dir / "out" / TRACE_NAME, TRACE_LIMIT)
-        return to_run(ctx, result, trace_text or "")
+        trace = ctx.out_dir / "out" / TRACE_NAME
+        watcher = LiveUsage(ctx)
+        with watcher.follow(trace):
+            result = ctx.sandbox.run(request)
+        trace_text = read_sandbox_file(trace, TRACE_LIMIT)
+        return to_run(ctx, result, trace_text or "", budget_stopped=watcher.stopped)

@@ -58,6 +58,7 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
         memory_mb=ctx.memory_mb,
         mounts=[Mount(ctx.harness.path, HARNESS_MOUNT), Mount(out, OUT_MOUNT, writable=True)],
         network=ctx.network,
+        cancel=ctx.cancel,
     )
 
 

@@ -10,6 +10,9 @@ function of the trial's seed and a solve rate (``harness.yaml`` ``standin:
 solve_rate`` plus each skill's ``standin_solve_rate_bonus``), so a trial run
 twice does the same thing and an A/B experiment's outcome is known in advance.
 It prints its trace as JSON lines on stdout and writes RESULT.md to ``/out``.
+Its first ``turn`` event carries the turn-1 fingerprint with every key of the
+adapter contract, computed from the lock files it read (so drift compares them
+all), and the stand-in's own ``STANDIN_VERSION`` as ``cli_version``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import yaml
 from hangar_dagster.harness import MANIFEST, tree_digest
 
 STANDIN_CLI = "hangar-standin (scripted stand-in, no model)"
+# The program's own version, reported at turn 1 as a real CLI reports its own: a lock
+# pinning another agent.version drifts.
+STANDIN_VERSION = "0.1.0"
 HARNESS_MOUNT = "/harness"
 OUT_MOUNT = "/out"  # writable, outside the repo, so RESULT.md is not part of the patch
 PLAYBOOK = "playbook.yaml"
@@ -199,7 +205,7 @@ class Session:
         return code
 
 
-def _read_harness(harness: Path) -> tuple[dict[str, Any], str | None, dict[str, str]]:
+def _read_harness(harness: Path) -> tuple[dict[str, Any], bytes | None, dict[str, str]]:
     config = yaml.safe_load((harness / MANIFEST).read_text())
     if not isinstance(config, dict):
         raise StandinError(f"{MANIFEST}: expected a mapping")
@@ -210,13 +216,40 @@ def _read_harness(harness: Path) -> tuple[dict[str, Any], str | None, dict[str, 
             raise StandinError(
                 f"{MANIFEST}: instructions names {config['instructions']!r}, not in the lock"
             )
-        instructions = path.read_text()
+        instructions = path.read_bytes()
     skills = {p.parent.name: p.read_text() for p in sorted((harness / "skills").glob("*/SKILL.md"))}
     return config, instructions, skills
 
 
-def _sha(text: str | None) -> str | None:
-    return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+def fingerprint(
+    harness: Path,
+    config: dict[str, Any],
+    instructions: bytes | None,
+    skills: dict[str, str],
+    model: str,
+    rate: float,
+) -> dict[str, Any]:
+    """Turn 1 as the stand-in saw it: the adapter contract's keys, digests of the files it read."""
+    skills_dir = harness / "skills"
+    return {
+        "adapter": "standin",
+        # A lock's digest is the tree digest of its directory: recomputed here, not taken on trust.
+        "harness": f"{config.get('name')}@sha256:{tree_digest(harness)}",
+        "cli": STANDIN_CLI,
+        "cli_version": STANDIN_VERSION,
+        "model": model,
+        "tools": sorted(TOOLS),
+        "instructions_digest": hashlib.sha256(instructions).hexdigest()
+        if instructions is not None
+        else None,
+        "skills_digest": tree_digest(skills_dir) if skills_dir.is_dir() else None,
+        # Extras: per-skill digests, the lock's approvals and the rate the skills gave.
+        "skills": {
+            name: hashlib.sha256(text.encode()).hexdigest() for name, text in skills.items()
+        },
+        "approvals": config.get("approvals"),
+        "solve_rate": rate,
+    }
 
 
 def run(env: dict[str, str], repo: Path, out: Path) -> int:
@@ -227,22 +260,9 @@ def run(env: dict[str, str], repo: Path, out: Path) -> int:
     try:
         config, instructions, skills = _read_harness(harness)
         rate = solve_rate(config, skills)
-        agent = config.get("agent")
-        version = agent.get("version", "") if isinstance(agent, dict) else ""
-        fingerprint = {
-            "cli": STANDIN_CLI,
-            "cli_version": str(version),
-            "adapter": "standin",
-            "model": env.get("HANGAR_MODEL", ""),
-            "approvals": config.get("approvals"),
-            "tools": list(TOOLS),
-            "harness_digest": tree_digest(harness),
-            "instructions_sha256": _sha(instructions),
-            "skills": {name: _sha(text) for name, text in skills.items()},
-            "solve_rate": rate,
-        }
-        session.emit({"type": "turn", "n": 1, "fingerprint": fingerprint})
-        session.read_chars += len(env.get("HANGAR_INSTRUCTIONS", "")) + len(instructions or "")
+        seen = fingerprint(harness, config, instructions, skills, env.get("HANGAR_MODEL", ""), rate)
+        session.emit({"type": "turn", "n": 1, "fingerprint": seen})
+        session.read_chars += len(env.get("HANGAR_INSTRUCTIONS", "")) + len(instructions or b"")
         session.read_chars += sum(len(t) for t in skills.values())
         fix, wrong = load_playbook((harness / PLAYBOOK).read_text(), task)
         applied = "fix" if decide(seed, rate) else "wrong"

@@ -23,11 +23,15 @@ import dagster as dg
 from hangar_dagster.drain import DrainWatcher, drain_marker
 from hangar_dagster.grading.grader import check_base, contamination_notes, grade_trial
 from hangar_dagster.harness import load_lock
-from hangar_dagster.pins import pin_content, pin_set_record
+from hangar_dagster.models import ModelCatalog, cache_dir
+from hangar_dagster.overlay import record_pins as record_overlay_pins
+from hangar_dagster.pins import lock_pin_content, pin_set_record
 from hangar_dagster.plan import ResolvedExperiment, TrialKey
-from hangar_dagster.queue import TokenThrottle, blocker, pending, tpm_budget
-from hangar_dagster.records import ExperimentPinRecord, GradeRecord, TrialRecord
+from hangar_dagster.queue import TokenThrottle, blocker, pending, tpm_budget, waiting_reason
+from hangar_dagster.records import ExperimentPinRecord, GradeRecord, NoteRecord, TrialRecord
+from hangar_dagster.redact import redact
 from hangar_dagster.resources import HangarResource
+from hangar_dagster.spec import Problem
 from hangar_dagster.store import DuplicateRecordError
 from hangar_dagster.trial import TrialRequest, run_trial
 from hangar_dagster.window import window_from_env
@@ -74,8 +78,9 @@ def _concurrently(items: Iterable[T], fn: Callable[[T], R], workers: int) -> Ite
             yield futures[fut], fut.result()
 
 
-def _trial_metadata(t: TrialRecord, reused: bool) -> dict[str, Any]:
-    return {
+def _trial_metadata(t: TrialRecord, reused: bool, canary: str) -> dict[str, Any]:
+    # Redacted again here: the UI must not show a key even from a row stored before redaction.
+    metadata: dict[str, Any] = {
         "trial_key": t.trial_key,
         "attempt": t.attempt,
         "retry_of": t.retry_of or "",
@@ -83,6 +88,7 @@ def _trial_metadata(t: TrialRecord, reused: bool) -> dict[str, Any]:
         "reused": reused,
         "outcome_class": t.outcome_class,
         "infra_reason": t.infra_reason or "",
+        "drift": t.drift or "",
         "verify_passed": str(t.verify_passed),
         "pin_set": t.pin_set,
         "agent": f"{t.agent} (scripted stand-in, no model)" if t.agent_is_standin else t.agent,
@@ -93,10 +99,11 @@ def _trial_metadata(t: TrialRecord, reused: bool) -> dict[str, Any]:
         "patch_bytes": t.patch_bytes,
         "artifacts": dg.MetadataValue.path(t.artifacts_dir),
     }
+    return dict(redact(metadata, canary))
 
 
-def _grade_metadata(g: GradeRecord, reused: bool) -> dict[str, Any]:
-    return {
+def _grade_metadata(g: GradeRecord, reused: bool, canary: str) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
         "trial_key": g.trial_key,
         "attempt": g.attempt,
         "reused": reused,
@@ -109,6 +116,7 @@ def _grade_metadata(g: GradeRecord, reused: bool) -> dict[str, Any]:
         "contamination": ", ".join(g.contamination),
         "task_invalid": g.task_invalid,
     }
+    return dict(redact(metadata, canary))
 
 
 def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition]:
@@ -128,6 +136,19 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         record = hangar.store().experiment(exp.experiment_id)
         if record is None:
             raise dg.Failure(f"experiment {exp.experiment_id} was never submitted")
+        # Refused at submit, and again now: an alias declared since (HANGAR_MODEL_ALIASES) counts.
+        catalog = ModelCatalog(cache_dir(hangar.paths))
+        refused = [
+            str(Problem(path=f"variants.{v.name}.harness_lock", message=r.message, fix=r.fix))
+            for v in exp.variants.values()
+            if (r := catalog.refusal(v.model, v.adapter))
+        ]
+        if refused:
+            message = "the experiment may not start: " + "; ".join(refused)
+            hangar.store().put(
+                NoteRecord(experiment_id=exp.experiment_id, kind="model", message=message)
+            )
+            raise dg.Failure(message)
         return dg.MaterializeResult(
             metadata={
                 "name": exp.name,
@@ -157,14 +178,13 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             # Re-verify the lock now: a registry edited since submit must not run.
             lock = load_lock(Path(variant.harness_path).parent, variant.harness_lock)
             record = pin_set_record(
-                pin_content(
-                    harness_lock=lock.ref,
-                    harness_digest=lock.digest,
-                    environment_digest=variant.environment_digest,
-                    model=lock.model,
+                lock_pin_content(
+                    lock,
+                    variant.environment,
+                    model=variant.model,  # the policy resolved at submit, not the lock's name
+                    model_concrete_basis=variant.model_concrete_basis,
                     task_bases={t: exp.tasks[t].base_sha for t in variant.tasks},
                     grader_digest=exp.grader_digest,
-                    egress=variant.environment.egress.mode,
                 )
             )
             if record.pin_set != variant.pin_set:
@@ -172,7 +192,8 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     f"variant {name}: pins moved since submit ({variant.pin_set} -> {record.pin_set})"
                 )
             store.put(record)
-            if name not in store.pins(exp.experiment_id):
+            # An overlay variant is linked to its pin set by its first finished trial (overlay.py).
+            if not variant.overlay and name not in store.pins(exp.experiment_id):
                 store.put(
                     ExperimentPinRecord(
                         experiment_id=exp.experiment_id,
@@ -190,6 +211,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     "grader_digest": record.grader_digest,
                     "egress": record.egress,
                     "task_bases": dg.MetadataValue.json(record.task_bases),
+                    "pinned_by": "its first finished trial (overlay variant)"
+                    if variant.overlay
+                    else "submit",
                 },
                 partition_key=name,
             )
@@ -271,7 +295,11 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             elif prior is not None:
                 # A finished attempt is kept (a resumed run loses and repeats nothing); an
                 # infra error the retry rules refuse stays as it is (see the notes).
-                context.add_asset_metadata(_trial_metadata(prior, reused=True), partition_key=pk)
+                context.add_asset_metadata(
+                    _trial_metadata(prior, reused=True, canary=exp.canary), partition_key=pk
+                )
+        for said in record_overlay_pins(exp, store, context.run_id):  # a crash may have left one
+            context.log.info(said)
         throttle = TokenThrottle(store.tokens_finished_since, tpm_budget())
 
         def drain_reason(now: dt.datetime) -> str | None:
@@ -299,7 +327,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     else store.next_attempt(exp.experiment_id, key.key),
                     retry_of=retry.retry_of if retry else None,
                     run_id=context.run_id,
-                    cancel=watcher.cancel,
+                    cancel=watcher.trial_cancel(),
                 )
                 record, _patch = run_trial(request, hangar.paths)
                 try:
@@ -320,7 +348,11 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     f"trial {key.key} attempt {result.attempt}: {result.outcome_class}"
                     f"{' / ' + result.infra_reason if result.infra_reason else ''} ({result.duration_s:.1f}s)"
                 )
-                context.add_asset_metadata(_trial_metadata(result, reused=False), partition_key=pk)
+                context.add_asset_metadata(
+                    _trial_metadata(result, reused=False, canary=exp.canary), partition_key=pk
+                )
+                for said in record_overlay_pins(exp, store, context.run_id):
+                    context.log.info(said)
 
     @dg.asset(
         key=[prefix, "grades"],
@@ -353,7 +385,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 context.add_asset_metadata({"skipped": "no trial"}, partition_key=pk)
             elif (trial.trial_key, trial.attempt) in graded:
                 context.add_asset_metadata(
-                    _grade_metadata(graded[(trial.trial_key, trial.attempt)], reused=True),
+                    _grade_metadata(
+                        graded[(trial.trial_key, trial.attempt)], reused=True, canary=exp.canary
+                    ),
                     partition_key=pk,
                 )
             else:
@@ -371,7 +405,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             return grade
 
         for (pk, _trial), grade in _concurrently(todo, one, exp.spec.parallel):
-            context.add_asset_metadata(_grade_metadata(grade, reused=False), partition_key=pk)
+            context.add_asset_metadata(
+                _grade_metadata(grade, reused=False, canary=exp.canary), partition_key=pk
+            )
 
     @dg.asset(
         key=[prefix, "index"],
@@ -391,7 +427,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         ]
         work = pending(exp, store)
         # Why trials are still missing, if they are: the window, a spent budget, the breaker.
-        why = blocker(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+        why = (
+            waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+        )
         return dg.MaterializeResult(
             metadata={
                 "summary": dg.MetadataValue.md("\n".join(table)),

@@ -17,6 +17,8 @@ from hangar_dagster.grading.junit import JunitResult
 from hangar_dagster.sandbox import RunAs
 
 _SHOWN = 5  # test ids named in one reason
+# What a test itself raises to skip or xfail (pytest.skip / pytest.xfail): not a failure.
+_SKIPS = ("Skipped", "XFailed")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class ReporterStream:
 
     start: dict[str, Any] | None = None
     collected: list[str] | None = None
+    xfail: frozenset[str] = frozenset()  # collected with an xfail mark
     calls: dict[str, list[str | None]] = field(default_factory=dict)  # id -> raised per call
     tamper: list[tuple[str, bool]] = field(default_factory=list)  # (what, fatal)
     ended: bool = False
@@ -34,6 +37,7 @@ class ReporterStream:
 def parse_reporter(data: bytes) -> ReporterStream:
     start: dict[str, Any] | None = None
     collected: list[str] | None = None
+    xfail: frozenset[str] = frozenset()
     calls: dict[str, list[str | None]] = {}
     tamper: list[tuple[str, bool]] = []
     ended, garbage = False, 0
@@ -45,6 +49,7 @@ def parse_reporter(data: bytes) -> ReporterStream:
                 start = {k: ev[k] for k in ("uid", "cap_eff", "no_new_privs")}
             elif kind == "collected":
                 collected = [str(i) for i in ev["ids"]]
+                xfail = frozenset(str(i) for i in ev.get("xfail", ()))
             elif kind == "call":
                 raised = ev["raised"]
                 calls.setdefault(str(ev["id"]), []).append(None if raised is None else str(raised))
@@ -56,7 +61,7 @@ def parse_reporter(data: bytes) -> ReporterStream:
                 garbage += 1
         except (ValueError, KeyError, TypeError):
             garbage += 1
-    return ReporterStream(start, collected, calls, tamper, ended, garbage)
+    return ReporterStream(start, collected, xfail, calls, tamper, ended, garbage)
 
 
 def split_confirmed(stream: ReporterStream, run_as: RunAs | None) -> bool:
@@ -75,20 +80,36 @@ def _ids(ids: Collection[str]) -> str:
     return ", ".join(shown) + more
 
 
+def _seen(stream: ReporterStream) -> str:
+    """What the reporter saw of the tests, as words; empty when it saw none collected or run."""
+    collected, called = len(stream.collected or ()), len(stream.calls)
+    if not collected and not called:
+        return ""
+    return f"{collected} test(s) collected and {called} called"
+
+
 def cross_check(
     junit: JunitResult,
     stream: ReporterStream | None,
     expected: Collection[str] = (),
+    timed_out: bool = False,
 ) -> tuple[list[str], list[str]]:
     """(problems that fail the grade, tamper signals seen at run time).
 
     ``stream`` None: no trusted reporter was expected (a command that is not
-    hangar-grade); ``expected``: test ids the base check collected.
+    hangar-grade); ``expected``: test ids the base check collected;
+    ``timed_out``: the grader was killed at its time limit, which explains a missing report.
     """
     signals = [f"run: {what}" for what, _ in (stream.tamper if stream else [])]
     problems = [f"tamper: {what}" for what, fatal in (stream.tamper if stream else []) if fatal]
     if not junit.ok:
-        return problems, signals  # decide already fails it, with the parser's reason
+        # decide already fails it, with the parser's reason; tests the reporter saw run while
+        # no report came (an exit mid-run, a report silenced or spoiled) are evidence too.
+        if stream is not None and not timed_out and (seen := _seen(stream)):
+            what = f"no usable JUnit report, though the trusted reporter saw {seen}"
+            problems.append(what)
+            signals.append(f"run: {what}")
+        return problems, signals
     counts = Counter(case_id for case_id, _ in junit.cases)
     if dups := [i for i, n in counts.items() if n > 1]:
         problems.append(f"duplicated test id(s) in the JUnit report: {_ids(dups)}")
@@ -111,5 +132,19 @@ def cross_check(
         problems.append(
             "the JUnit report says passed where the trusted reporter saw no clean call: "
             + _ids(unseen)
+        )
+    # A failure reported as skipped is an xfail; only a mark present at collection may make one
+    # (an xfail mark added while the tests run, from wherever, would hide any failure).
+    hidden = [
+        case_id
+        for case_id, outcome in junit.cases
+        if outcome == "skipped"
+        and case_id not in stream.xfail
+        and any(r not in (None, *_SKIPS) for r in stream.calls.get(case_id, ()))
+    ]
+    if hidden:
+        problems.append(
+            "the JUnit report says skipped where the trusted reporter saw the test fail "
+            "with no xfail mark at collection: " + _ids(hidden)
         )
     return problems, signals

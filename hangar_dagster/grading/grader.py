@@ -323,6 +323,11 @@ class _Pipe:
         self.reader.join(timeout=30)
         return bytes(self.reader.kept)
 
+    @property
+    def total(self) -> int:
+        """How many bytes came through, kept or not."""
+        return self.reader.total
+
 
 def run_grader(
     experiment: ResolvedExperiment,
@@ -425,13 +430,13 @@ def run_grader(
         # Every process of the sandbox is gone: what the pipes hold now is all there is.
         extra, junit_bytes, report_bytes = (p.finish() for p in pipes)
         pipes = []
-        junit = parse_junit_bytes(junit_bytes, "$HANGAR_GRADE_JUNIT")
+        junit = parse_junit_bytes(junit_bytes, "$HANGAR_GRADE_JUNIT", junit_pipe.total)
         if not junit_bytes:
             junit = JunitResult(False, "no JUnit report was written to $HANGAR_GRADE_JUNIT")
         passed, reason = decide(result.exit_code, result.timed_out, junit)
         runner = grader_runner(grader.command)
         stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
-        problems, signals = cross_check(junit, stream, expected_tests)
+        problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
         if len(report_bytes) > _REPORT_CAP:
             problems.append("the trusted reporter's stream is over its size cap")
         if hidden_digest is not None and tree_digest(hidden) != hidden_digest:

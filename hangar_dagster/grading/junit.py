@@ -54,11 +54,23 @@ def _case_id(case: TestCase) -> str:
     return f"{case.classname}::{name}" if case.classname else name
 
 
-def parse_junit_bytes(data: bytes, source: str = "<junit>") -> JunitResult:
-    if len(data) > MAX_BYTES:
-        return JunitResult(
-            False, f"{source}: report is {len(data)} bytes, over the {MAX_BYTES}-byte cap"
-        )
+def _too_large(source: str, size: int) -> JunitResult:
+    return JunitResult(
+        False, f"{source}: JUnit report larger than {MAX_BYTES} bytes ({size}); refused unread"
+    )
+
+
+def parse_junit_bytes(data: bytes, source: str = "<junit>", size: int | None = None) -> JunitResult:
+    """Counts from ``data``; over ``MAX_BYTES``, not UTF-8, a DOCTYPE/entity or not JUnit: an error.
+
+    ``size`` is the report's full length when ``data`` was cut short while
+    reading it. The size and the declarations are checked before any parsing,
+    each with its own reason, so a report refused for them never reaches the
+    XML parser.
+    """
+    size = max(len(data), size or 0)
+    if size > MAX_BYTES:
+        return _too_large(source, size)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -68,7 +80,7 @@ def parse_junit_bytes(data: bytes, source: str = "<junit>") -> JunitResult:
         )
     if _DECLARATION.search(text):
         return JunitResult(
-            False, f"{source}: report declares a DOCTYPE or entity; refused unparsed"
+            False, f"{source}: JUnit report declares a DOCTYPE/entities; refused unparsed"
         )
     try:
         xml = JUnitXml.fromstring(data)
@@ -95,9 +107,7 @@ def parse_junit(path: Path) -> JunitResult:
     if not path.is_file():
         return JunitResult(False, f"{path.name}: the JUnit report is not a regular file")
     if size > MAX_BYTES:
-        return JunitResult(
-            False, f"{path.name}: report is {size} bytes, over the {MAX_BYTES}-byte cap"
-        )
+        return _too_large(path.name, size)
     with path.open("rb") as fh:
         data = fh.read(MAX_BYTES + 1)  # the file could still grow after stat
     return parse_junit_bytes(data, path.name)

@@ -7,14 +7,16 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
 
 - ``start``: the process's uid, CapEff and NoNewPrivs, read before any repo
   code ran (the grader's proof that the uid split held);
-- ``collected``: every collected test, as JUnit names it;
+- ``collected``: every collected test, as JUnit names it, and those that
+  carried an xfail mark when collection ended (a failure may be reported as
+  skipped only for those);
 - ``call``: for each test function, whether its call returned or raised
   (observed around the test function itself, beneath every report hook);
 - ``tamper``: what it saw repo code do, ``fatal`` when that can forge a result
   (pytest internals replaced, hooks registered from the repo, a skip or exit
   raised by repo code, the JUnit or report pipe opened by repo code) and not
-  fatal when it is only suspicious (a caller's frame read, an ``__eq__`` from
-  the repo called by a test);
+  fatal when it is only suspicious (a caller's frame read, the garbage
+  collector's objects walked, an ``__eq__`` from the repo called by a test);
 - ``end``: the session finished (its exit status).
 
 The grader fails a grade whose JUnit report says ``passed`` for a test this
@@ -49,6 +51,8 @@ _WATCHED_HOOKS = (
     "pytest_collection_modifyitems", "pytest_collectreport", "pytest_sessionfinish",
     "pytest_terminal_summary", "pytest_deselected", "pytest_runtestloop",
 )  # fmt: skip
+# Audit events that hand out live objects: pytest's items, reports, the reporter itself.
+_GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
 # Frame objects reached through these attributes let code read its caller's locals.
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 # The ways to name an inherited descriptor as a path.
@@ -117,7 +121,8 @@ class Reporter:
         return None
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in ("open", "sys._getframe", "object.__getattr__", "sys._current_frames"):
+        if event not in ("open", "sys._getframe", "object.__getattr__", "sys._current_frames",
+                         *_GC_EVENTS):  # fmt: skip
             return
         if getattr(self.local, "busy", False):
             return  # our own sys._getframe below
@@ -129,6 +134,9 @@ class Reporter:
                 if fd is not None and int(fd.group(1)) in self.private:
                     if where := self.repo_frame(caller, 8):
                         self.tamper(f"repo code opened a grader pipe ({where})", True)
+            elif event in _GC_EVENTS:
+                if where := self.repo_frame(caller):
+                    self.tamper(f"repo code walked the garbage collector ({where})", False)
             elif event != "object.__getattr__" or args[1] in _FRAME_ATTRS:
                 if where := self.repo_frame(caller):
                     self.tamper(f"repo code read a frame ({where})", False)
@@ -178,7 +186,11 @@ _reporter = _open_report()
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if _reporter is not None:
-        _reporter.send("collected", ids=[_reporter.junit_id(i.nodeid) for i in session.items])
+        ids = [_reporter.junit_id(i.nodeid) for i in session.items]
+        xfail = [
+            _reporter.junit_id(i.nodeid) for i in session.items if i.get_closest_marker("xfail")
+        ]
+        _reporter.send("collected", ids=ids, xfail=xfail)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

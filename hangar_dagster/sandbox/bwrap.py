@@ -149,4 +149,8 @@ class BwrapSandbox(Sandbox):
         return run_launcher(argv, request)
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "version": tool_version([self._binary(), "--version"])}
+        return {
+            "backend": self.name,
+            "version": tool_version([self._binary(), "--version"]),
+            "isolation": "namespaces",
+        }

@@ -46,11 +46,12 @@ from hangar_dagster.sandbox._common import (
 )
 
 _INIT = r"""
-import ctypes, json, os, platform, re, sys
+import ctypes, fcntl, json, os, platform, re, socket, struct, sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MNT_DETACH = 32, 4096, 16384, 2
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,6 +106,16 @@ def main():
         data += chunk
     os.close(fd)
     setup = json.loads(data)
+    if setup["loopback"]:
+        # A new network namespace starts with lo down; bwrap brings it up, and so do we, so a
+        # command (the model API forwarder) can listen on and reach 127.0.0.1 inside.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+                fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags))
+            except OSError as e:
+                os.write(2, f"hangar-unshare: cannot bring up lo: {e.strerror}\n".encode())
+                os._exit(125)
     root = setup["root"]
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     for path, link in setup["system"]:
@@ -214,7 +225,11 @@ class UnshareSandbox(Sandbox):
         return _launch(self._binary(), request)
 
     def describe(self) -> dict[str, str]:
-        return {"backend": self.name, "version": tool_version([self._binary(), "--version"])}
+        return {
+            "backend": self.name,
+            "version": tool_version([self._binary(), "--version"]),
+            "isolation": "namespaces",
+        }
 
 
 def _launch(unshare: str, request: SandboxRequest) -> SandboxResult:
@@ -230,6 +245,7 @@ def _launch(unshare: str, request: SandboxRequest) -> SandboxResult:
         "argv": request.argv,
         "env": {**request.env, "PWD": str(request.workdir)},
         "run_as": None if request.run_as is None else [request.run_as.uid, request.run_as.gid],
+        "loopback": not request.network,  # only the sandbox's own namespace; never the host's lo
     }
     argv = [
         *limits_prefix(request),

@@ -2,8 +2,10 @@
 
 Each case's files go through ``git diff`` into a real patch. ``calc.add`` is
 buggy on base (``a - b``); a case "wins" when the hidden tests pass without
-that bug being fixed honestly. ``{port}``, ``{artifacts}`` and ``{home}`` in a
-file are replaced by the test. docs/grading.md maps each mitigation to the cases that prove it.
+that bug being fixed honestly. ``{port}``, ``{artifacts}``, ``{home}`` and
+``{memory_mb}`` in a file are replaced by the test. docs/grading.md maps each
+mitigation to the cases that prove it. A case with ``known_gap`` still wins:
+it is expected to fail, strictly, until the gap is closed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adv_fixture import FIXED_CALC, Link
+
+from hangar_dagster.grading.junit import MAX_BYTES
 
 # calc.add is right only when something flipped this flag: the loader attacks' payload.
 TRIGGERED_CALC = (
@@ -41,6 +45,24 @@ FORGED_JUNIT = (
     '<testcase classname="test_calc_hidden" name="test_negative"/>'
     '<testcase classname="test_calc_hidden" name="test_zero"/>'
     "</testsuite></testsuites>"
+)
+# Writes to the JUnit pipe through its inherited descriptor (no open() the audit hook would see).
+RAW_JUNIT = (
+    "import os\n"
+    "fd = int(os.environ['HANGAR_GRADE_JUNIT'].rsplit('/', 1)[1])\n"
+    "with os.fdopen(os.dup(fd), 'wb') as f:\n"
+    "    f.write(REPORT.encode())\n"
+)
+# Well-formed, laughs of 10**5 expansions: only the DOCTYPE ban keeps it from the parser.
+ENTITY_JUNIT = (
+    '<?xml version="1.0"?><!DOCTYPE testsuites [<!ENTITY a "passed">'
+    + "".join(
+        f'<!ENTITY {n} "{("&" + p + ";") * 10}">' for p, n in zip("abcde", "bcdef", strict=True)
+    )
+    + "]>"
+    + FORGED_JUNIT.split("?>", 1)[1].replace(
+        'name="test_zero"/>', 'name="test_zero"><system-out>&f;</system-out></testcase>'
+    )
 )
 # Reports what happened to each attempt through $HANGAR_GRADE_OUT (kept in the grade's log).
 WRITE_HIDDEN = (
@@ -77,6 +99,7 @@ class Case:
     not_in_log: list[str] = field(default_factory=list)  # substrings grade.log must not have
     timeout_s: int = 60
     skip: str | None = None  # why this machine cannot build the case
+    known_gap: str | None = None  # the attack still wins: expected to fail until this is closed
 
 
 def unchecked_pyc(source: str) -> bytes:
@@ -351,12 +374,89 @@ CASES = [
         },
         log=[r"forks: (\d{1,2}|1\d\d|2[0-4]\d|25[0-5])\n"],
     ),
+    # A detached, double-forked child keeps running too: the test checks nothing outlives the run.
     Case(
         "infinite_loop",
-        {"calc.py": "while True:\n    pass\n" + BUGGY},
+        {
+            "calc.py": (
+                "import os, time\n"
+                "if os.fork() == 0:\n    os.setsid()\n"
+                "    if os.fork() == 0:\n        while True:\n            time.sleep(0.5)\n"
+                "    os._exit(0)\n"
+                "while True:\n    pass\n" + BUGGY
+            )
+        },
         reason="grader timed out",
         timeout_s=4,
-    ),  # fmt: skip
+    ),
+    # Address space reserved, never touched: over the limit it is refused, without it harmless.
+    Case(
+        "memory_reserve",
+        {
+            "calc.py": (
+                "import mmap, os\n"
+                "try:\n    m = mmap.mmap(-1, ({memory_mb} + 1024) << 20)\n    got = 'granted'\n"
+                "except (OSError, MemoryError) as err:\n    got = f'denied ({err})'\n"
+                "open(os.environ['HANGAR_GRADE_OUT'], 'w').write(f'memory: {got}\\n')\n" + BUGGY
+            )
+        },
+        log=["memory: denied"],
+        not_in_log=["memory: granted"],
+    ),
+    # The process ends mid-run, as if clean: no report comes, though the reporter saw tests run.
+    Case(
+        "exit_mid_run",
+        {
+            "calc.py": (
+                "import os\ncalls = []\n\n\ndef add(a, b):\n    calls.append(1)\n"
+                "    if len(calls) == 2:\n        os._exit(0)\n    return a - b\n"
+            )
+        },
+        reason="no usable JUnit report, though the trusted reporter saw 3 test(s) collected "
+        "and 1 called",
+        signal="run: no usable JUnit report, though the trusted reporter saw",
+    ),
+    # An xfail mark added at run time turns every failure into a skip pytest itself reports.
+    Case(
+        "dynamic_xfail",
+        {
+            "calc.py": (
+                "import gc\nimport pytest\n\n\ndef add(a, b):\n"
+                "    if a - b != a + b:\n"
+                "        for obj in gc.get_objects():\n"
+                "            if isinstance(obj, pytest.Function):\n"
+                "                obj.add_marker(pytest.mark.xfail(reason='known'))\n"
+                "    return a - b\n"
+            )
+        },
+        reason="saw the test fail with no xfail mark at collection",
+        signal="repo code walked the garbage collector (calc.py)",
+    ),
+    # Both streams forged consistently through raw descriptors, the real ones silenced: nothing
+    # run in the reporter's own process can stop this (docs/grading.md, "Not done yet").
+    Case(
+        "forge_both_streams",
+        {
+            "calc.py": (
+                "import atexit, json, os, sys\n"
+                f"REPORT = {FORGED_JUNIT!r}\n"
+                "IDS = ['test_calc_hidden::test_add', 'test_calc_hidden::test_negative',\n"
+                "       'test_calc_hidden::test_zero']\n"
+                "events = [{'event': 'collected', 'ids': IDS}]\n"
+                "events += [{'event': 'call', 'id': i, 'raised': None} for i in IDS]\n"
+                "events.append({'event': 'end', 'exitstatus': 0})\n"
+                "junit, report = (int(os.environ[v].rsplit('/', 1)[1])\n"
+                "                 for v in ('HANGAR_GRADE_JUNIT', 'HANGAR_GRADE_REPORT'))\n"
+                "os.write(report, ''.join(json.dumps(e) + '\\n' for e in events).encode())\n"
+                "os.write(junit, REPORT.encode())\n"
+                "null = os.open(os.devnull, os.O_WRONLY)\n"
+                "os.dup2(null, sys.modules['hangar_dagster.grading.reporter']._reporter.stream.fileno())\n"
+                "os.dup2(null, junit)\n"
+                "atexit.register(os._exit, 0)\n" + BUGGY
+            )
+        },
+        known_gap="the code under test shares the reporter's process and can forge both streams",
+    ),
     Case(
         "huge_write",
         {
@@ -372,23 +472,20 @@ CASES = [
     ),
     Case(
         "junit_oversized",
+        # A well-formed forged report: only its size refuses it (pytest's own follows it).
         {
-            "calc.py": (
-                "import os\nwith open(os.environ['HANGAR_GRADE_JUNIT'], 'w') as f:\n"
-                "    f.write(' ' * (6 << 20))\n" + BUGGY
-            )
+            "calc.py": "REPORT = "
+            + repr(FORGED_JUNIT.replace("</testsuite>", " " * (6 << 20) + "</testsuite>"))
+            + "\n"
+            + RAW_JUNIT
+            + BUGGY
         },
-        reason="over the",
+        reason=f"JUnit report larger than {MAX_BYTES} bytes",
     ),
     Case(
         "junit_entities",
-        {
-            "calc.py": (
-                "import os\nwith open(os.environ['HANGAR_GRADE_JUNIT'], 'w') as f:\n"
-                '    f.write(\'<?xml version="1.0"?><!DOCTYPE t [<!ENTITY e "x">]>\')\n' + BUGGY
-            )
-        },
-        reason="declares a DOCTYPE or entity",
+        {"calc.py": f"REPORT = {ENTITY_JUNIT!r}\n" + RAW_JUNIT + BUGGY},
+        reason="JUnit report declares a DOCTYPE/entities",
     ),
     Case(
         "reach_the_grade_dir",

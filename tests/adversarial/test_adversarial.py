@@ -106,7 +106,26 @@ def test_control_empty_patch_fails(
     assert g.tamper_signals == []
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def still_running(marker: str) -> list[str]:
+    """Processes whose environment mentions ``marker`` (a grader run's work directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()!r}")
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+PARAMS = [
+    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                         reason=c.known_gap)] if c.known_gap else [])
+    for c in CASES
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PARAMS)
 def test_malicious_patch(
     case: Case, fixture_repo: Fixture, session_paths: HangarPaths,
     base_checks: dict[str, BaseCheckRecord], tmp_path: Path, listener: int,
@@ -114,7 +133,8 @@ def test_malicious_patch(
     if case.skip is not None:
         pytest.skip(case.skip)
     fill = {"{port}": str(listener), "{artifacts}": str(tmp_path / "artifacts"),
-            "{home}": str(session_paths.home)}  # fmt: skip
+            "{home}": str(session_paths.home),
+            "{memory_mb}": str(fixture_repo.experiment().spec.environment.resources.memory_mb)}  # fmt: skip
     files: dict[str, object] = {}
     for path, content in case.files.items():
         if isinstance(content, str):
@@ -135,3 +155,7 @@ def test_malicious_patch(
     for text in case.not_in_log:
         assert text not in log, (text, log)
     assert not (tmp_path / "artifacts" / "big.bin").exists()
+    # Nothing the patch started outlives its grade (HANGAR_HIDDEN_TESTS names the work dir).
+    assert still_running(str(session_paths.work / "grading")) == []
+    # The wall-clock limit holds: a run ends within it, plus setup and teardown.
+    assert g.duration_s < case.timeout_s + 15, g.duration_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -30,8 +31,9 @@ from hangar_dagster.agents.standin_main import (
     solve_rate,
     unit,
 )
+from hangar_dagster.drift import check_drift, harness_fingerprint
 from hangar_dagster.gitrepo import take_patch
-from hangar_dagster.harness import HarnessLock, freeze
+from hangar_dagster.harness import HarnessLock, freeze, tree_digest
 from hangar_dagster.sandbox import SandboxResult, SandboxUnavailable, get_sandbox
 from tests.gitfixtures import CALC, make_clone
 
@@ -272,17 +274,43 @@ def test_adapter_in_bwrap_fixes_and_fingerprints_what_it_saw(tmp_path: Path) -> 
     assert (run.exit_code, run.timed_out, run.turns, run.cost_usd) == (0, False, 1, 0.0)
     fp = run.fingerprint
     assert fp["cli"] == STANDIN_CLI and fp["model"] == "standin-scripted-2026-01-01"
-    assert fp["harness_digest"] == lock.digest
+    assert fp["adapter"] == "standin" and fp["harness"] == lock.ref
+    assert fp["cli_version"] == "0.1.0" and fp["tools"] == ["edit", "shell"]
     skill_md = (lock.skills_dir / "care" / "SKILL.md").read_bytes()
     assert fp["skills"] == {"care": hashlib.sha256(skill_md).hexdigest()}
+    assert fp["skills_digest"] == tree_digest(lock.skills_dir)
     instructions = (lock.path / "instructions.md").read_bytes()
-    assert fp["instructions_sha256"] == hashlib.sha256(instructions).hexdigest()
+    assert fp["instructions_digest"] == hashlib.sha256(instructions).hexdigest()
     assert fp["solve_rate"] == pytest.approx(0.25)
+    # Every key the pin set pins was reported, and matched.
+    compared = check_drift(harness_fingerprint(lock, lock.model), fp, {}, {})
+    assert not compared and compared.unreported == ()
     assert all(e.get("standin") is True for e in run.events)
     assert run.tokens_in > 0 and run.tokens_out > 0
     patch = take_patch(clone, sha)
     assert "+    return a + b" in patch and "RESULT.md" not in patch
     assert result_file(ctx.out_dir).read_text().startswith("# calc")
+
+
+def test_skills_changed_after_pinning_are_reported_as_seen_and_drift(tmp_path: Path) -> None:
+    lock = make_lock(tmp_path, rate=0.0, skill=SKILL)
+    pinned = harness_fingerprint(lock, lock.model)
+    # The copy the agent gets claims the pinned lock, but a skill was edited after pinning.
+    changed = tmp_path / "changed"
+    shutil.copytree(lock.path, changed)
+    (changed / "skills" / "care" / "SKILL.md").write_text(SKILL + "Also rewrite everything.\n")
+    clone, _ = make_clone(tmp_path)
+    seed = seed_where(False, False, 0.25)
+    run = StandinAgent().run(context(tmp_path, replace(lock, path=changed), clone, seed))
+    assert run.error is None, run.output_tail
+    drift = check_drift(pinned, run.fingerprint, {}, {})
+    assert set(drift.harness) == {"harness", "skills_digest"}
+    assert drift.harness["skills_digest"] == (
+        tree_digest(lock.skills_dir),
+        tree_digest(changed / "skills"),
+    )
+    assert drift.harness["harness"] == (lock.ref, f"{lock.name}@sha256:{tree_digest(changed)}")
+    assert str(drift.summary()).startswith("harness: harness ")
 
 
 def test_adapter_in_bwrap_retries_after_a_failed_check(tmp_path: Path) -> None:

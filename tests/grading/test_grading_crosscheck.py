@@ -64,7 +64,41 @@ def test_tamper_events_are_signals_and_fatal_ones_problems() -> None:
     assert problems == ["tamper: x replaced"]
     assert signals == ["run: x replaced", "run: frame read"]
     # A broken report still carries the fatal tamper (decide gives the parser's reason).
-    assert cross_check(parse_junit_bytes(b"<nope"), s)[0] == ["tamper: x replaced"]
+    assert cross_check(parse_junit_bytes(b"<nope"), s)[0][0] == "tamper: x replaced"
+
+
+def test_no_report_while_the_reporter_saw_tests_run_is_evidence() -> None:
+    seen = (
+        "no usable JUnit report, though the trusted reporter saw 2 test(s) collected and 1 called"
+    )
+    s = parse_reporter(stream(*CLEAN[:2]))  # the run ended after one call, no end, no report
+    for report in (b"", b"<nope"):
+        problems, signals = cross_check(parse_junit_bytes(report), s, ["t::a", "t::b"])
+        assert (problems, signals) == ([seen], [f"run: {seen}"])
+    # No test collected or called (an exit at import): the parser's reason is the whole story.
+    assert cross_check(parse_junit_bytes(b""), parse_reporter(stream())) == ([], [])
+    assert cross_check(parse_junit_bytes(b""), None) == ([], [])
+
+
+def xfail_junit(*skipped: str) -> bytes:
+    body = "".join(
+        f'<testcase classname="t" name="{c}"><skipped type="pytest.xfail"/></testcase>'
+        for c in skipped
+    )
+    return f'<testsuite><testcase classname="t" name="a"/>{body}</testsuite>'.encode()
+
+
+def test_a_failure_reported_as_skipped_needs_an_xfail_mark_from_collection() -> None:
+    def run(raised: str, xfail: list[str]) -> list[str]:
+        s = parse_reporter(stream({"event": "collected", "ids": ["t::a", "t::b"], "xfail": xfail},
+                                  CLEAN[1], {"event": "call", "id": "t::b", "raised": raised},
+                                  CLEAN[3]))  # fmt: skip
+        return cross_check(parse_junit_bytes(xfail_junit("b")), s)[0]
+
+    problem = "saw the test fail with no xfail mark at collection: t::b"
+    assert any(problem in p for p in run("AssertionError", []))
+    assert run("AssertionError", ["t::b"]) == []  # marked xfail in the hidden tests
+    assert run("XFailed", []) == run("Skipped", []) == []  # pytest.xfail / pytest.skip by the test
 
 
 def test_new_patch_signals_compiled_links_and_entry_points() -> None:
@@ -82,3 +116,9 @@ def test_new_patch_signals_compiled_links_and_entry_points() -> None:
     assert tamper_signals(patch) == [
         "__pycache__/calc.cpython-311.pyc", "link", "x.dist-info/entry_points.txt",
     ]  # fmt: skip
+
+
+def test_a_timed_out_run_is_not_also_a_missing_report_signal() -> None:
+    # Regression: a grader killed at its limit wrote no report; the timeout is the whole story.
+    s = parse_reporter(stream(*CLEAN[:2]))
+    assert cross_check(parse_junit_bytes(b""), s, ["t::a", "t::b"], timed_out=True) == ([], [])

@@ -273,3 +273,32 @@ def test_mirror_network_is_refused_with_a_reason(
     assert run.passed is False and run.reason is not None and "mirror" in run.reason
     with pytest.raises(ValueError, match="env_extra: PATH not allowed"):
         run_grader(exp, "t1", "", label="m", work_root=hpaths.work, env_extra={"PATH": "/evil"})
+
+
+# Reports a grader command hands over, refused before parsing: each fails for its own reason.
+HEAD, TAIL = '<testsuite><testcase name="t"/>', "</testsuite>"
+OVERSIZED = f"{HEAD!r} + ' ' * (6 << 20) + {TAIL!r}"
+LAUGHS = repr(
+    '<!DOCTYPE s [<!ENTITY a "aa"><!ENTITY b "&a;&a;">]>' + HEAD.replace('"t"', '"&b;"') + TAIL
+)
+
+
+@pytest.mark.parametrize(
+    ("report", "why"),
+    [(OVERSIZED, f"JUnit report larger than 5242880 bytes ({len(HEAD + TAIL) + (6 << 20)}); "
+                 "refused unread"),
+     (LAUGHS, "JUnit report declares a DOCTYPE/entities; refused unparsed")],
+    ids=["oversized", "entities"],
+)  # fmt: skip
+def test_refused_reports_fail_the_grade_for_their_own_reason(
+    report: str, why: str, task_repo: tuple[Path, str], hpaths: HangarPaths
+) -> None:
+    writer = f"import os\nopen(os.environ['HANGAR_GRADE_JUNIT'], 'w').write({report})\n"
+    exp = exp_for(
+        task_repo,
+        hidden={**HIDDEN, "write_report.py": writer},
+        grader={"command": 'python "$HANGAR_HIDDEN_TESTS/write_report.py"'},
+    )
+    run = run_grader(exp, "t1", "", label="refused", work_root=hpaths.work, env_extra={})
+    assert run.passed is False and run.exit_code == 0
+    assert run.reason == f"no usable JUnit report: $HANGAR_GRADE_JUNIT: {why}"

@@ -74,8 +74,10 @@ def test_doctype_and_entities_are_refused_before_parsing() -> None:
         b'<testsuite><testcase name="&xxe;"/></testsuite>'
     )
     for data in (laughs, external, b"<!DOCTYPE testsuite><testsuite/>"):
-        result = parse_junit_bytes(data)
-        assert not result.ok and result.error is not None and "DOCTYPE or entity" in result.error
+        result = parse_junit_bytes(data, "r.xml")
+        assert result.error == "r.xml: JUnit report declares a DOCTYPE/entities; refused unparsed"
+    # The same report without its declarations is well-formed: the ban refused it, not the parser.
+    assert parse_junit_bytes(laughs.replace(b"&lol2;", b"x").split(b"]>")[1]).ok
 
 
 def test_non_utf8_report_is_refused() -> None:
@@ -85,12 +87,20 @@ def test_non_utf8_report_is_refused() -> None:
 
 
 def test_oversized_report_is_refused_unread(tmp_path: Path) -> None:
+    def report(size: int) -> bytes:  # well-formed at any size: whitespace between elements
+        head, tail = b'<testsuite><testcase name="t"/>', b"</testsuite>"
+        return head + b" " * (size - len(head) - len(tail)) + tail
+
+    data = report(MAX_BYTES + 1000)
     path = tmp_path / "junit.xml"
-    case = b'<testcase name="t"/>'
-    path.write_bytes(b"<testsuite>" + case * (MAX_BYTES // len(case) + 1) + b"</testsuite>")
-    result = parse_junit(path)
-    assert not result.ok and result.error is not None and "cap" in result.error
-    assert not parse_junit_bytes(path.read_bytes()).ok
+    path.write_bytes(data)
+    why = f"JUnit report larger than {MAX_BYTES} bytes ({len(data)}); refused unread"
+    assert parse_junit(path).error == f"junit.xml: {why}"
+    assert parse_junit_bytes(data, "j").error == f"j: {why}"
+    # Cut short at the cap while read from a pipe: the full size still refuses it.
+    assert parse_junit_bytes(data[: MAX_BYTES + 1], "j", len(data)).error == f"j: {why}"
+    # The same report at the cap parses: the size alone refused it.
+    assert parse_junit_bytes(report(MAX_BYTES)).ok
 
 
 def test_missing_report_and_directory_are_errors(tmp_path: Path) -> None:

@@ -346,3 +346,18 @@ def test_an_unset_cancel_changes_nothing(sandbox: Sandbox, wd: Path) -> None:
     )
     res = sandbox.run(req)
     assert (res.exit_code, res.cancelled, res.timed_out) == (0, False, False)
+
+
+def test_loopback_works_inside_the_sandboxs_own_network(sandbox: Sandbox, wd: Path) -> None:
+    # The model API forwarder listens on 127.0.0.1 inside the sandbox: lo must be up there.
+    script = (
+        "import socket\n"
+        "srv = socket.create_server(('127.0.0.1', 0))\n"
+        "cli = socket.create_connection(srv.getsockname(), timeout=5)\n"
+        "conn, _ = srv.accept(); cli.sendall(b'ping'); print(conn.recv(4).decode())\n"
+    )
+    req = SandboxRequest(
+        argv=[sys.executable, "-I", "-c", script], workdir=wd, env=ENV, timeout_s=30
+    )
+    res = sandbox.run(req)
+    assert (res.exit_code, res.stdout.strip()) == (0, "ping"), res.stderr
