@@ -142,10 +142,24 @@ def run_cmd(
 @experiment.command("resume")
 def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")]) -> None:
     """Run an experiment's stages again: finished trials are kept, missing and infra-failed ones run."""
+    import dagster as dg
+
+    from hangar_dagster.sensors import describe_run, in_flight, stage_runs
     from hangar_dagster.submit import load_resolved
 
     p = paths()
-    _drive(p, load_resolved(p, _find(p, name_or_id).experiment_id))
+    exp = load_resolved(p, _find(p, name_or_id).experiment_id)
+    ensure_dagster_home()
+    with dg.DagsterInstance.get() as instance:
+        busy = in_flight(stage_runs(instance, exp))
+    if busy is not None:  # running beside it would run (and pay for) the same trials twice
+        err.print(
+            f"[red]refused:[/] {exp.experiment_id}: {escape(describe_run(busy))}; resume runs the "
+            "same trials, so wait until it ends (`hangar experiment get` follows it), or terminate "
+            "it in the Dagster UI if its worker is gone"
+        )
+        raise typer.Exit(2)
+    _drive(p, exp)
 
 
 def _drive(p: HangarPaths, exp: Any) -> None:
@@ -200,6 +214,7 @@ def get_cmd(
         },
         "summary": store.summary(record.experiment_id),
         "trials": store.index(record.experiment_id),
+        "attempts": _attempts(store.trials(record.experiment_id, all_attempts=True)),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
         "queue": _queue_state(load_resolved(p, record.experiment_id), store),
     }
@@ -233,6 +248,18 @@ def get_cmd(
             f"{row.get('duration_s', 0):.1f}",
         )
     console.print(table)
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for a in out["attempts"]:
+        by_key.setdefault(a["trial_key"], []).append(a)
+    for key, tries in by_key.items():
+        if len(tries) > 1:
+            said = "; ".join(
+                f"{a['attempt']} {a['outcome_class']}"
+                + (f" / {a['infra_reason']}" if a["infra_reason"] else "")
+                + f" (run {a['run_id'][:8]}{', counts' if a['counts'] else ', excluded'})"
+                for a in tries
+            )
+            console.print(escape(f"  attempts of {key}: {said}"))
     for note in out["notes"]:
         console.print(escape(f"  note [{note['kind']}]: {note['message']}"))
     queue = out["queue"]
@@ -242,6 +269,20 @@ def get_cmd(
         )
     for note in queue["notes"]:
         console.print(f"  queue note: {note}")
+
+
+def _attempts(trials: list[Any]) -> list[dict[str, Any]]:
+    """Every attempt of every key: the highest counts; an earlier one was excluded by a retry,
+    ``retried_by`` names the run of the attempt after it."""
+    runs = {(t.trial_key, t.attempt): t.run_id for t in trials}
+    return [
+        t.model_dump(mode="json", exclude={"manifest", "trace"})
+        | {
+            "counts": (t.trial_key, t.attempt + 1) not in runs,
+            "retried_by": runs.get((t.trial_key, t.attempt + 1)),
+        }
+        for t in trials
+    ]
 
 
 def _queue_state(exp: Any, store: Any) -> dict[str, Any]:

@@ -6,11 +6,12 @@ one moved:
 - the **harness** half, ``harness_fingerprint(lock, model)``: the turn-1
   fingerprint a trial of that lock must report (the adapter contract's keys:
   ``adapter``, ``harness``, ``model``, ``instructions_digest``,
-  ``skills_digest``, and ``cli``, ``cli_version``, ``tools`` when the lock
-  declares them). ``instructions_digest`` is the sha256 of the lock's
-  instructions file and ``skills_digest`` the ``tree_digest`` of its
-  ``skills/``: adapters report the digests of those files as the agent saw
-  them, not of the task's own instructions;
+  ``skills_digest``, ``plugins_digest``, and ``cli``, ``cli_version``,
+  ``tools`` when the lock declares them). ``instructions_digest`` is the
+  sha256 of the lock's instructions file, ``skills_digest`` and
+  ``plugins_digest`` the ``tree_digest`` of its ``skills/`` and ``plugins/``
+  (None without one): adapters report the digests of those files as the agent
+  saw them, not of the task's own instructions;
 - the **environment** half, ``environment_pins(environment)``: the fields
   ``environment_digest`` covers (sandbox, image, build, egress, resources,
   isolation), flattened to dotted names (``resources.memory_mb``).
@@ -51,6 +52,7 @@ HARNESS_KEYS = (
     "tools",
     "instructions_digest",
     "skills_digest",
+    "plugins_digest",
 )
 # Pinned only when the lock declares them: a lock that leaves them open pins nothing there.
 _DECLARED_ONLY = {"cli": "cli", "cli_version": "version", "tools": "tools"}
@@ -69,6 +71,7 @@ def harness_fingerprint(lock: HarnessLock, model: str) -> dict[str, Any]:
         if file is not None and file.is_file()
         else None,
         "skills_digest": tree_digest(lock.skills_dir) if lock.skills_dir.is_dir() else None,
+        "plugins_digest": tree_digest(lock.plugins_dir) if lock.plugins_dir.is_dir() else None,
     }
     for key, name in _DECLARED_ONLY.items():
         if agent.get(name) is not None:

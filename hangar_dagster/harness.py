@@ -3,10 +3,11 @@
 A lock is a directory ``<registry>/<name>@sha256:<digest>/`` holding
 ``harness.yaml`` (agent adapter, CLI and version, model, approvals) and
 whatever it names: the instructions file, ``skills/``, ``plugins/``. The
-digest is over the directory's canonical content (every file's relative path
-and bytes, sorted), so one changed byte of a skill is a new lock, and a lock
-whose content no longer matches its name is refused. ``thaw`` gives a trial a
-read-only copy, verified again after copying.
+digest is over the directory's canonical content (every file's relative path,
+bytes and whether it is executable, sorted), so one changed byte of a skill, or
+a script made executable, is a new lock, and a lock whose content no longer
+matches its name is refused. ``thaw`` gives a trial a read-only copy
+(executables stay executable), verified again after copying.
 
 A registry may pin CLI versions in ``<registry>/harnesses.lock.yaml``
 (``clis: {claude: "2.0.5", ...}``); ``CliPins.problem`` says why a lock
@@ -42,15 +43,24 @@ class HarnessError(ValueError):
     pass
 
 
+def _executable(path: Path) -> bool:
+    # The owner's bit only: a umask clears group/other bits, never this one.
+    return bool(path.stat().st_mode & stat.S_IXUSR)
+
+
 def tree_digest(root: Path) -> str:
-    """sha256 over every regular file under ``root`` (path and content), symlinks refused."""
+    """sha256 over every regular file under ``root`` (path, executable or not, content).
+
+    No other mode bit counts, so the same files give the same digest under any
+    umask. Symlinks are refused.
+    """
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
         if path.is_symlink():
             raise HarnessError(f"{path}: symlinks are not allowed in a harness lock")
         if path.is_file():
-            h.update(rel.encode() + b"\0")
+            h.update(rel.encode() + b"\0" + (b"x" if _executable(path) else b"-") + b"\0")
             h.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
     return h.hexdigest()
 
@@ -257,12 +267,15 @@ def freeze(source: Path, registry: Path) -> HarnessLock:
 def _make_read_only(root: Path) -> None:
     for dirpath, _, filenames in os.walk(root, topdown=False):
         for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o444)
+            path = Path(dirpath, name)
+            os.chmod(path, 0o555 if _executable(path) else 0o444)
         os.chmod(dirpath, 0o555)
 
 
 def thaw(registry: Path, ref: str, dest: Path) -> HarnessLock:
-    """Materialise lock ``ref`` at ``dest`` read-only (files 0444, dirs 0555), verified after copying.
+    """Materialise lock ``ref`` at ``dest`` read-only, verified after copying.
+
+    Files are 0444, executables 0555 (a skill's script still runs), dirs 0555.
 
     ``dest`` must not exist or be an empty directory. The returned lock's ``path`` is ``dest``.
     """

@@ -123,6 +123,32 @@ class EgressLog:
             f.write(line)
 
 
+def provider_failure(egress_text: str) -> tuple[str, str] | None:
+    """(infra reason, message) when the provider's last answer was a 5xx or a 429, else None.
+
+    Asked only of an agent that did not finish well: a CLI retries on its own, so a
+    last answer of 5xx or 429 means it gave up on the provider, which is an outage the
+    breaker counts (docs/queue.md), not a measurement of the agent.
+    """
+    last: dict[str, Any] | None = None
+    for line in egress_text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("status"), int):
+            last = entry
+    if last is None:
+        return None
+    status, where = last["status"], f"{last.get('method', '?')} {last.get('path', '?')}"
+    if status == 429:
+        return "rate_limit", f"the provider rate-limited {where} (429) past the agent's own retries"
+    if status >= 500:
+        error = f": {last['error']}" if last.get("error") else ""
+        return "provider_5xx", f"the provider answered {where} with {status}{error}"
+    return None
+
+
 def first_request_tools(egress_text: str, path_suffix: str) -> list[str] | None:
     """Tool names the first request to ``path_suffix`` offered, from the proxy's egress log.
 

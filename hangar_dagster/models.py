@@ -8,8 +8,10 @@ and ``frontier`` are not aliases: ``ModelCatalog`` resolves them once per
 experiment to the newest dated id of a model family, read from the provider's
 model list: ``$HANGAR_HOME/cache/models/<provider>.json`` (written by
 ``hangar models refresh``), else hangar's shipped snapshot
-(``model_lists.json``). The id's basis is ``list`` when the list holds it and
-``pattern`` when only its dated shape vouches for it (the caller notes why).
+(``model_lists.json``). The id's basis is ``list`` when a list fetched from
+the provider holds it (the stand-in's shipped list counts: hangar is its
+provider) and ``pattern`` when only its dated shape vouches for it (the caller
+notes why).
 Ordinary jobs (``hangar grade``) keep aliases and record them as not concrete.
 """
 
@@ -243,7 +245,10 @@ class ModelCatalog:
                 ) from None
             return ModelList(provider, frozenset(ids), f"{file} (fetched {data.get('fetched_at')})")
         shipped = _shipped()["providers"].get(provider)
-        if shipped is None:
+        # Only a list fetched from the provider is evidence for basis `list`; without one the
+        # snapshot shipped with hangar is a fallback vouched for by date alone (pattern). The
+        # stand-in's provider is hangar itself, so its shipped list is the provider's list.
+        if shipped is None or provider != "standin":
             return None
         return ModelList(
             provider,

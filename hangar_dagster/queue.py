@@ -12,6 +12,8 @@ and the trials asset, so the three never disagree:
   window's opening schedule (``<experiment_id>__eval_window_open``) for
   ``OPEN_GRACE`` after the window opens; ``waiting_reason`` is what a person
   is shown (``blocker``, else that grace);
+- ``record_queue_notes`` stores the retry and breaker notes once each, as
+  ``queue`` notes, when a trials run plans or stops;
 - ``TokenThrottle`` holds trial starts while the provider tokens-per-minute
   budget (``HANGAR_EVAL_TPM_BUDGET``) is used up.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from hangar_dagster import budget
 from hangar_dagster.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.records import NoteRecord
 from hangar_dagster.retries import Retry, breaker_note, plan_retries
 from hangar_dagster.store import Store
 from hangar_dagster.window import EvalWindow
@@ -62,6 +65,27 @@ def pending(exp: ResolvedExperiment, store: Store) -> Pending:
         retries={r.trial_key: r for r in plan.retries},
         notes=list(plan.notes),
     )
+
+
+def record_queue_notes(exp: ResolvedExperiment, store: Store) -> list[NoteRecord]:
+    """Store the retry rules' notes and the breaker's as ``queue`` notes; returns the new ones.
+
+    Each distinct message is stored once per experiment, however often the
+    trials runs plan: a note says what happened, not that it is still true.
+    """
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    said = [*pending(exp, store).notes]
+    if outage := breaker_note(attempts):
+        said.append(outage)
+    known = {n.message for n in store.notes(exp.experiment_id) if n.kind == "queue"}
+    new = [
+        NoteRecord(experiment_id=exp.experiment_id, kind="queue", message=m)
+        for m in dict.fromkeys(said)
+        if m not in known
+    ]
+    for note in new:
+        store.put(note)
+    return new
 
 
 def blocker(

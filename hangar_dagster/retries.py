@@ -41,8 +41,10 @@ INFRA_REASONS: dict[str, str] = {
 }
 # A drifted trial did not run what was pinned; running it again would not either.
 NEVER_RETRIED = frozenset({"drift"})
-# The drain is scheduled, not an outage: its retries leave the experiment's 10% cap alone.
-CAP_EXEMPT = frozenset({"power_down"})
+# A drain or a restart cuts off every trial in flight at once, whatever their health: their
+# retries leave the experiment's 10% cap alone (else one restart with `parallel` trials in
+# flight would use it up). The per-key limit still bounds them.
+CAP_EXEMPT = frozenset({"power_down", "control_plane_restart"})
 # Infra errors that say nothing about the provider's or cluster's health: a scheduled drain,
 # a pin mismatch, one restart that cuts off every trial in flight at once. They neither
 # extend nor reset the breaker's streak; every other infra_error (unknown ones included)
@@ -98,7 +100,7 @@ class Retry:
     trial_key: str
     attempt: int  # the new attempt's number
     retry_of: str  # run id of the excluded attempt it replaces
-    counts_toward_cap: bool  # False for a retry of a power_down
+    counts_toward_cap: bool  # False for a retry of a power_down or control_plane_restart
 
 
 @dataclass(frozen=True)
@@ -133,14 +135,15 @@ def plan_retries(
     Only each key's highest attempt is looked at: an infra_error there is retried
     unless it drifted, the key has used its ``HANGAR_TRIAL_INFRA_RETRIES``
     (power-down retries included), or the experiment's counted retries reached
-    ``experiment_retry_cap`` (power-down retries are not counted). Earlier
+    ``experiment_retry_cap`` (power-down and restart retries are not counted). Earlier
     failures are retried first. Each note is a full sentence, the same on every
     call for the same attempts.
     """
     per_key = max_infra_retries(environ)
     cap = experiment_retry_cap(planned_trials)
     keys = _by_key(attempts)
-    # Retries already started: every attempt after the first, but those replacing a drained one.
+    # Retries already started: every attempt after the first, but those replacing a drained
+    # or restarted one.
     counted = sum(
         1
         for by_attempt in keys.values()

@@ -68,6 +68,32 @@ def in_flight(runs: StageRuns) -> dg.RunRecord | None:
     return next((r for rs in runs.values() for r in rs if r.dagster_run.status in IN_FLIGHT), None)
 
 
+def describe_run(record: dg.RunRecord) -> str:
+    """``its <stage> run <id> is <STATUS> since <when> UTC`` (started, else created)."""
+    run = record.dagster_run
+    since = (
+        dt.datetime.fromtimestamp(record.start_time, dt.UTC)
+        if record.start_time is not None
+        else record.create_timestamp
+    )
+    return (
+        f"its {run.tags.get(TAG_STAGE, '?')} run {run.run_id} is {run.status.value} "
+        f"since {since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    )
+
+
+def busy_reason(record: dg.RunRecord) -> str:
+    """Why an experiment waits for its run in flight.
+
+    A run whose worker died can stay in flight until Dagster's run monitoring or a person ends
+    it (docs/operations.md), so the wait names the run and how to end it instead of being silent.
+    """
+    return (
+        f"in_flight: {describe_run(record)}; the next run starts when it ends "
+        "(if its worker is gone, terminate it in the Dagster UI)"
+    )
+
+
 def setup_gap(runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
     """The first setup stage whose latest run did not succeed, with that run (None: never ran)."""
     for stage in SETUP_STAGES:
@@ -101,7 +127,9 @@ def decide(
         if not daemon_driven(paths, exp):
             continue
         runs = stage_runs(instance, exp)
-        if in_flight(runs) is not None:
+        busy = in_flight(runs)
+        if busy is not None:
+            out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
             continue
         gap = setup_gap(runs)
         if gap is not None:
@@ -164,7 +192,9 @@ def build_experiment_driver(
                 requested = True
                 yield request
             else:  # submitted after this code location loaded: it runs once the location reloads
-                context.log.info(f"{request.job_name} is not loaded yet; reload the code location")
+                decisions.waiting.append(
+                    f"{request.job_name} is not loaded yet; reload the code location"
+                )
         if not requested and decisions.waiting:
             yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))
 

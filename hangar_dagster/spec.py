@@ -15,8 +15,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hangar_dagster.models import ModelCatalog
-
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 _ID = re.compile(ID_PATTERN)
 
@@ -256,12 +254,6 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                     message=f"{variant.harness_lock!r} is not name@sha256:<64 hex digits>",
                     fix="copy the lock's full name from `hangar harness freeze` or the registry",
                 )
-            )
-        if variant.model is not None and (
-            refused := ModelCatalog.from_env().refusal(variant.model)
-        ):
-            problems.append(
-                Problem(path=f"{where}.model", message=refused.message, fix=refused.fix)
             )
         for j, t in enumerate(variant.tasks or []):
             if t not in seen:

@@ -235,8 +235,9 @@ def _resolve(
             )
             continue
         if require_concrete and (refused := catalog.refusal(model.model, lock.adapter)):
+            field = "model" if variant.model is not None else "harness_lock"  # overlay or lock
             problems.append(
-                Problem(path=f"{where}.harness_lock", message=refused.message, fix=refused.fix)
+                Problem(path=f"{where}.{field}", message=refused.message, fix=refused.fix)
             )
         environment = variant.environment or spec.environment
         if environment.egress.mode != "none":

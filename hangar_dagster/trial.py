@@ -3,7 +3,8 @@
 ``run_trial`` never raises for a trial-level failure: every way a trial can
 end is an outcome in the returned ``TrialRecord`` (infrastructure failures as
 ``infra_error`` with an ``infra_reason``), and its artifacts are written under
-``HangarPaths.trial_artifacts`` with the canary masked: ``manifest.json``
+``HangarPaths.trial_artifacts`` with the canary masked: ``started.json``
+(first, see ``restarts``), ``manifest.json``
 (what it ran with), ``trace.json`` (what it did), ``patch.diff``,
 ``agent.log``, ``verify.log``, ``build.log``, the agent's ``RESULT.md``
 when it left one and the model proxy's ``egress.jsonl`` when there was one.
@@ -12,8 +13,10 @@ The scratch work dir is deleted at the end.
 Everything written, and the record, passes ``redact.redact`` (canary, API
 keys, tokens). Since the artifacts are masked, the raw canary can no longer be
 found in them; the trace's ``canary_seen_in`` lists where it was seen before
-masking. The returned patch text is the raw patch (for a caller grading in
-process).
+masking. The one exception is ``patch.raw.diff``: the agent's patch as it
+made it, owner-only, which the grades asset grades (a redacted copy can be other
+code) and nothing exports or shows. The returned patch text is that raw patch
+too (for a caller grading in process).
 
 After the agent ran, its turn-1 fingerprint and the environment it ran in are
 compared with the pin set's (``drift.py``); a mismatch ends the attempt as
@@ -22,10 +25,13 @@ compared with the pin set's (``drift.py``); a mismatch ends the attempt as
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import importlib.metadata
 import json
+import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -48,6 +54,7 @@ from hangar_dagster.fsutil import remove_tree, write_atomic
 from hangar_dagster.gitrepo import GitError, changed_files, git, isolated_clone, take_patch
 from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.harness import HarnessError, HarnessLock, thaw
+from hangar_dagster.model_api import provider_failure
 from hangar_dagster.models import floating_reason
 from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant, TrialKey
 from hangar_dagster.records import OutcomeClass, TrialRecord, utcnow
@@ -61,6 +68,9 @@ from hangar_dagster.sandbox import (
 )
 from hangar_dagster.sandbox._common import read_sandbox_file
 
+RAW_PATCH = "patch.raw.diff"  # the unredacted patch the grader grades (see run_trial)
+# Written before the agent starts; a marker with no stored record is an attempt a restart cut off.
+STARTED_MARKER = "started.json"
 RESULT_LIMIT = 1_000_000  # bytes of the agent's RESULT.md kept
 EGRESS_LIMIT = 5_000_000  # bytes of the model proxy's egress.jsonl kept
 LOG_LIMIT = 1_000_000  # bytes of build and verify output kept, each stream
@@ -261,16 +271,21 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
         raise InfraError("sandbox_create", str(err)) from err
     except HarnessError as err:
         raise InfraError("harness", str(err)) from err
+    # Read before the drain check: a drained attempt's requests are searched for the canary too.
+    state.egress = read_sandbox_file(work / "agent" / "egress.jsonl", EGRESS_LIMIT)
     _drained(req, state.run)  # an agent the drain stopped says nothing about the agent
     for found in sorted((work / "agent").rglob("RESULT.md")):
         state.result_md = read_sandbox_file(found, RESULT_LIMIT)
         break
-    state.egress = read_sandbox_file(work / "agent" / "egress.jsonl", EGRESS_LIMIT)
     try:
         # Before verify, so what verify leaves behind (caches, bytecode) is not in the patch.
         state.patch = take_patch(work / "repo", base, git_dir=git_dir)
     except GitError as err:
         raise InfraError("patch", str(err)) from err
+    run = state.run
+    if (run.exit_code != 0 or run.error) and not run.budget_stopped and state.egress:
+        if outage := provider_failure(state.egress):
+            raise InfraError(*outage)  # the provider failed, not the agent: retried, breaker
     # After the patch (kept for audit), before verify: a drifted run measures nothing.
     state.harness_pins = harness_fingerprint(harness, variant.model)
     state.drift = check_drift(
@@ -316,6 +331,47 @@ def _outcome(exp: ResolvedExperiment, state: _Trial) -> OutcomeClass:
     return "completed" if state.patch.strip() else "empty_patch"
 
 
+def mark_started(req: TrialRequest, paths: HangarPaths, started_at: dt.datetime) -> None:
+    """Leave ``STARTED_MARKER`` in the attempt's artifacts dir (read by ``restarts``)."""
+    marker = {
+        "experiment_id": req.experiment.experiment_id,
+        "trial_key": req.key.key,
+        "attempt": req.attempt,
+        "retry_of": req.retry_of,
+        "run_id": req.run_id,
+        "started_at": started_at.isoformat(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    art = paths.trial_artifacts(req.experiment.experiment_id, req.key.key, req.attempt)
+    write_atomic(art / STARTED_MARKER, json.dumps(marker, indent=2, sort_keys=True))
+
+
+def pinned_fields(
+    exp: ResolvedExperiment, key: TrialKey, attempt: int, retry_of: str | None, run_id: str
+) -> dict[str, Any]:
+    """The TrialRecord fields that say which attempt this is and what it was pinned to run."""
+    variant = exp.variants[key.variant]
+    return {
+        "experiment_id": exp.experiment_id,
+        "trial_key": key.key,
+        "variant": key.variant,
+        "task": key.task,
+        "replicate": key.replicate,
+        "attempt": attempt,
+        "retry_of": retry_of,
+        "run_id": run_id,
+        "pin_set": variant.pin_set,
+        "harness_digest": variant.harness_digest,
+        "environment_digest": variant.environment_digest,
+        "model": variant.model,
+        "model_concrete": floating_reason(variant.model) is None,
+        "model_concrete_basis": variant.model_concrete_basis,
+        "agent": variant.adapter,
+        "base_sha": exp.tasks[key.task].base_sha,
+    }
+
+
 def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     """Run one attempt of one trial; returns its record and its (raw) patch text."""
     exp = req.experiment
@@ -324,6 +380,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     started_at = utcnow()
     started = time.monotonic()
     state = _Trial()
+    mark_started(req, paths, started_at)
     paths.work.mkdir(parents=True, exist_ok=True)
     prefix = f"{exp.experiment_id}-{req.key.key.replace('/', '__')}-a{req.attempt}-"
     work = Path(tempfile.mkdtemp(dir=paths.work, prefix=prefix))
@@ -408,6 +465,10 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
     write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
     write_atomic(art / "patch.diff", patch_out)
+    # The grader needs the agent's own bytes: a redacted copy is other code (a `X_KEY = ...`
+    # line rewritten). Kept beside the artifacts for the grades asset, owner-only, never exported.
+    write_atomic(art / RAW_PATCH, state.patch)
+    (art / RAW_PATCH).chmod(0o600)
     write_atomic(art / "agent.log", clean(agent_log))
     write_atomic(art / "verify.log", clean(state.verify_log or "(no verify command ran)\n"))
     if state.build_log:
@@ -418,23 +479,8 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         write_atomic(art / "egress.jsonl", clean(state.egress))
     finished_at = utcnow()
     record = TrialRecord(
-        experiment_id=exp.experiment_id,
-        trial_key=req.key.key,
-        variant=req.key.variant,
-        task=req.key.task,
-        replicate=req.key.replicate,
-        attempt=req.attempt,
-        retry_of=req.retry_of,
-        run_id=req.run_id,
-        pin_set=variant.pin_set,
-        harness_digest=variant.harness_digest,
-        environment_digest=variant.environment_digest,
-        model=variant.model,
-        model_concrete=floating_reason(variant.model) is None,
-        model_concrete_basis=variant.model_concrete_basis,
-        agent=variant.adapter,
+        **pinned_fields(exp, req.key, req.attempt, req.retry_of, req.run_id),
         agent_is_standin=is_standin,
-        base_sha=task.base_sha,
         started_at=started_at,
         finished_at=finished_at,
         duration_s=time.monotonic() - started,

@@ -55,6 +55,8 @@ def test_the_pinned_fingerprint_comes_from_the_lock(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "skills" / "care").mkdir(parents=True)
     (src / "skills" / "care" / "SKILL.md").write_text("Read the tests first.\n")
+    (src / "plugins" / "lint").mkdir(parents=True)
+    (src / "plugins" / "lint" / "plugin.json").write_text('{"name": "lint"}\n')
     (src / "notes.md").write_text("Keep the diff small.\n")
     manifest = {
         "name": "fixer",
@@ -73,7 +75,15 @@ def test_the_pinned_fingerprint_comes_from_the_lock(tmp_path: Path) -> None:
         "tools": ["a", "b"],
         "instructions_digest": hashlib.sha256(b"Keep the diff small.\n").hexdigest(),
         "skills_digest": tree_digest(src / "skills"),
+        "plugins_digest": tree_digest(src / "plugins"),
     }
+    # A changed plugin is another lock, and a trial that saw it drifted on its plugins.
+    (src / "plugins" / "lint" / "plugin.json").write_text('{"name": "lint", "hooks": "all"}\n')
+    changed = freeze(src, tmp_path / "registry")
+    seen = harness_fingerprint(changed, "fixer-model-2025-01-01")
+    drift = check_drift(harness_fingerprint(lock, "fixer-model-2025-01-01"), seen, {}, {})
+    assert set(drift.harness) == {"harness", "plugins_digest"}
+    assert drift.harness["plugins_digest"][1] == tree_digest(src / "plugins")
 
 
 def test_check_names_each_moved_field_per_half() -> None:

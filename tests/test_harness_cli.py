@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,36 @@ def test_thaw_writes_a_verified_read_only_copy(tmp_path: Path) -> None:
     assert again.returncode == 2 and "not an empty directory" in again.stderr
 
 
+def test_the_executable_bit_names_the_lock_and_survives_thaw(tmp_path: Path) -> None:
+    src, registry, home = harness_src(tmp_path), tmp_path / "registry", tmp_path / "home"
+    script = src / "skills" / "care" / "check.sh"
+    script.write_text("#!/bin/sh\necho checked\n")
+    script.chmod(0o644)
+    plain = freeze_cli(src, home, registry)
+    script.chmod(0o755)
+    runnable = freeze_cli(src, home, registry)
+    assert runnable != plain  # only the bit changed: another lock
+    # Group/other bits are a umask's business, not the lock's.
+    script.chmod(0o700)
+    (src / "instructions.md").chmod(0o600)
+    assert freeze_cli(src, home, registry) == runnable
+
+    out = tmp_path / "out"
+    result = hangar(
+        "harness", "thaw", runnable, "--out", str(out), "--registry", str(registry), home=home
+    )
+    assert result.returncode == 0, result.stderr
+    thawed = out / "skills" / "care" / "check.sh"
+    assert stat.S_IMODE(thawed.stat().st_mode) == 0o555
+    assert stat.S_IMODE((out / "instructions.md").stat().st_mode) == 0o444
+    ran = subprocess.run([str(thawed)], capture_output=True, text=True, check=False)
+    assert ran.returncode == 0 and ran.stdout == "checked\n"
+    # The plain lock thaws without the bit: executables are not made up either.
+    other = tmp_path / "other"
+    thaw(registry, plain, other)
+    assert stat.S_IMODE((other / "skills" / "care" / "check.sh").stat().st_mode) == 0o444
+
+
 def test_a_tampered_lock_is_refused_by_thaw_and_show(tmp_path: Path) -> None:
     registry, home = tmp_path / "registry", tmp_path / "home"
     ref = freeze_cli(harness_src(tmp_path), home, registry)
@@ -162,14 +193,15 @@ def test_show_reports_the_lock_its_policy_and_the_cli_pin(tmp_path: Path) -> Non
     assert info["files"] == ["harness.yaml", "instructions.md", "skills/care/SKILL.md"]
     model = info["model"]
     assert model["requested"] == "frontier" and model["policy"] is True
-    assert model["resolves_to"].startswith("claude-opus-") and model["basis"] == "list"
+    # No list fetched from the provider here: the shipped snapshot vouches by date alone.
+    assert model["resolves_to"].startswith("claude-opus-") and model["basis"] == "pattern"
     assert model["experiments_refuse"] is None
     assert info["cli_pin"]["pinned"] == "2.0.0"
     assert "2.1.332" in info["cli_pin"]["problem"] and "2.0.0" in info["cli_pin"]["problem"]
 
     text = hangar("harness", "show", "claude-care", "--registry", str(registry), home=home)
     assert text.returncode == 0, text.stderr
-    assert f"frontier -> {model['resolves_to']} (basis list)" in text.stdout
+    assert f"frontier -> {model['resolves_to']} (basis pattern)" in text.stdout
 
 
 def test_freeze_warns_about_a_floating_model_but_writes_the_lock(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from hangar_dagster.model_api import (
     clip_body,
     first_request_tools,
     model_access,
+    provider_failure,
     upstream_url,
 )
 from hangar_dagster.sandbox import SandboxRequest, get_sandbox
@@ -226,3 +227,22 @@ def test_tools_come_from_the_first_logged_request() -> None:
     assert first_request_tools(log, "/messages") is None
     clipped = {**lines[1], "body_clipped": True}
     assert first_request_tools(json.dumps(clipped), "/responses") is None
+
+
+def test_a_provider_that_gave_up_the_agent_is_an_outage_not_a_measurement() -> None:
+    ok = json.dumps({"method": "POST", "path": "/v1/messages", "status": 200})
+    busy = json.dumps({"method": "POST", "path": "/v1/messages", "status": 529})
+    limited = json.dumps({"method": "POST", "path": "/v1/responses", "status": 429})
+    gone = json.dumps({"method": "POST", "path": "/v1/messages", "status": 502, "error": "refused"})
+    assert provider_failure("\n".join([ok, busy])) == (
+        "provider_5xx",
+        "the provider answered POST /v1/messages with 529",
+    )
+    assert provider_failure("\n".join([ok, limited]))[0] == "rate_limit"  # type: ignore[index]
+    assert provider_failure(gone) == (
+        "provider_5xx",
+        "the provider answered POST /v1/messages with 502: refused",
+    )
+    # The last answer decides: a 5xx the CLI retried past is no outage; nor is no request.
+    assert provider_failure("\n".join([busy, ok])) is None
+    assert provider_failure("") is None and provider_failure("not json\n") is None

@@ -202,6 +202,11 @@ def test_a_policy_resolves_once_and_every_trial_runs_and_records_that_id(
         'stat -c %a "$HANGAR_HARNESS_DIR" "$HANGAR_HARNESS_DIR/harness.yaml" > MODES.txt'
     )
     spec = model_spec(example_dir, tmp_path, "policy-trial", "anthropic:balanced", command)
+    # A provider list cached as `hangar models refresh` writes it: the basis is `list`.
+    cache = cache_dir(paths())
+    cache.mkdir(parents=True)
+    listed = {"models": [SHIPPED_SONNET], "fetched_at": "2026-11-29T00:00:00+00:00"}
+    (cache / "anthropic.json").write_text(json.dumps(listed))
     exp = submit(spec, paths())
     variant = exp.variants["v"]
     assert (variant.model, variant.model_requested) == (SHIPPED_SONNET, "anthropic:balanced")
@@ -217,6 +222,17 @@ def test_a_policy_resolves_once_and_every_trial_runs_and_records_that_id(
     assert f"+{SHIPPED_SONNET}" in patch  # the agent was handed the concrete id
     assert "+555\n+444" in patch  # it saw the thawed, read-only copy, not the registry's
     assert record.manifest["model_requested"] == "anthropic:balanced"
+
+
+def test_without_a_fetched_list_the_shipped_snapshot_is_only_a_pattern_basis(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    # Regression: the snapshot shipped with hangar was taken as a provider list (basis list).
+    spec = model_spec(example_dir, tmp_path, "no-cache", "anthropic:balanced", "true")
+    exp = submit(spec, paths())
+    variant = exp.variants["v"]
+    assert (variant.model, variant.model_concrete_basis) == (SHIPPED_SONNET, "pattern")
+    assert variant.model_note is not None and "shipped" in variant.model_note
 
 
 def test_a_pattern_basis_is_noted_on_the_experiment(
@@ -314,3 +330,22 @@ def test_refresh_caches_the_provider_list_the_policies_then_read(
 
     no_key = hangar("models", "refresh", "openai", home=home, env={"OPENAI_API_KEY": ""})
     assert no_key.returncode == 1 and "OPENAI_API_KEY" in no_key.stderr
+
+
+@pytest.mark.parametrize(
+    "model", ["opus", "claude-opus-latest", "~anthropic/claude-sonnet-latest", "gpt-5", "my-model"]
+)
+def test_an_overlay_alias_is_refused_at_submit_and_kept_by_hangar_grade(
+    example_dir: Path, hangar_home: Path, model: str
+) -> None:
+    # Regression: the spec's own check refused it, so `hangar grade` could not keep the alias.
+    data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    data["variants"] = {"ov": {"harness": "standin-plain", "model": model}}
+    path = example_dir / "overlay-alias.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as refused:
+        submit(path, paths())
+    problems = {p.path: p.message for p in refused.value.problems}
+    assert "floating model alias" in problems.get("variants.ov.model", ""), problems
+    kept = resolve(load_spec(path), path)  # what `hangar grade` does
+    assert kept.variants["ov"].model == model and kept.variants["ov"].model_concrete_basis is None

@@ -176,6 +176,22 @@ def test_earlier_power_down_retries_leave_the_cap_unused() -> None:
     assert plan.retries == [Retry("v/t1/1", 2, "run-v-t1-1-1", counts_toward_cap=True)]
 
 
+def test_control_plane_restart_retries_are_exempt_from_the_cap() -> None:
+    # one restart cut off three trials of a 9-trial experiment (cap 1): all three are retried
+    cut = [_infra(t, reason="control_plane_restart", minute=1) for t in ("t1", "t2", "t3")]
+    plan = plan_retries([*cut, _infra("t4", reason="preempted", minute=2)], 9, {})
+    assert [(r.trial_key, r.counts_toward_cap) for r in plan.retries] == [
+        ("v/t1/1", False),
+        ("v/t2/1", False),
+        ("v/t3/1", False),
+        ("v/t4/1", True),
+    ]
+    assert plan.notes == []
+    # ...but each still uses one of its key's retries
+    again = [_infra("t1", n, reason="control_plane_restart", minute=n) for n in (1, 2, 3)]
+    assert plan_retries(again, MANY, {}).retries == []
+
+
 def test_power_down_retries_still_count_toward_the_per_key_limit() -> None:
     drained = [_infra("t1", n, reason="power_down", minute=n) for n in (1, 2, 3)]
     plan = plan_retries(drained, MANY, {})

@@ -160,3 +160,28 @@ def test_an_experiment_submitted_inside_the_window_starts_at_once(
         assert [r.run_key for r in decide(instance, paths(), window, now).requests] == [
             f"{queued.experiment_id}:trials:1"
         ]
+
+
+def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
+    queued: ResolvedExperiment,
+) -> None:
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        stuck = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED)
+        created = instance.get_run_record_by_id(stuck)
+        assert created is not None
+        at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)  # inside the window: only the run blocks
+        held = decide(instance, paths(), NIGHTLY, at)
+        assert held.requests == []
+        [why] = held.waiting
+        since = f"{created.create_timestamp.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+        assert why.startswith(
+            f"{queued.experiment_id}: in_flight: its trials run {stuck} is STARTED since {since}"
+        )
+        # Once Dagster (run monitoring, or a person in the UI) ends it, its keys run again.
+        run = instance.get_run_by_id(stuck)
+        assert run is not None
+        instance.report_run_failed(run, "its worker died")
+        assert [r.run_key for r in decide(instance, paths(), NIGHTLY, at).requests] == [
+            f"{queued.experiment_id}:trials:2"
+        ]

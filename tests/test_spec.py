@@ -57,23 +57,15 @@ def test_harness_lock_mixed_with_overlay_fields_names_them() -> None:
     assert "model, skills" in found["variants.plain"]
 
 
-def test_unknown_task_in_variant_duplicate_task_and_floating_alias() -> None:
+def test_unknown_task_in_variant_and_duplicate_task() -> None:
     data = good()
     data["tasks"][1]["id"] = "t1"
     data["variants"]["other"] = {"harness": "standin", "model": "sonnet", "tasks": ["t1", "nope"]}
     found = problems_of(data)
     assert "duplicate task id" in found["tasks[1].id"]
     assert "unknown task 'nope'" in found["variants.other.tasks[1]"]
-    assert "floating model alias" in found["variants.other.model"]
-
-
-@pytest.mark.parametrize(
-    "model", ["opus", "claude-opus-latest", "~anthropic/claude-sonnet-latest", "gpt-5", "my-model"]
-)
-def test_floating_models_are_refused(model: str) -> None:
-    data = good()
-    data["variants"]["plain"] = {"harness": "standin", "model": model}
-    assert "variants.plain.model" in problems_of(data)
+    # An overlay's alias is refused at submit, not here: `hangar grade` may keep it.
+    assert "variants.other.model" not in found
 
 
 def test_malformed_lock_and_bad_names() -> None:

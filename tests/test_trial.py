@@ -155,6 +155,8 @@ def test_completed_trial_writes_its_artifacts(
         "agent.log",
         "manifest.json",
         "patch.diff",
+        "patch.raw.diff",
+        "started.json",
         "trace.json",
         "verify.log",
     ]
@@ -186,8 +188,11 @@ def test_the_canary_is_masked_in_every_artifact(
     assert record.outcome_class == "completed", record.error
     assert CANARY in patch  # the raw patch is returned as the agent made it
     art = Path(record.artifacts_dir)
+    # Only the grader's copy keeps the agent's bytes: owner-only, never exported or shown.
+    raw = art / "patch.raw.diff"
+    assert raw.read_text() == patch and raw.stat().st_mode & 0o777 == 0o600
     for f in art.iterdir():
-        assert CANARY not in f.read_text(), f.name
+        assert f == raw or CANARY not in f.read_text(), f.name
     assert MASK in (art / "patch.diff").read_text()
     assert MASK in (art / "agent.log").read_text()
     assert MASK in (art / "RESULT.md").read_text()

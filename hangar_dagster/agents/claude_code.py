@@ -11,7 +11,11 @@ clone with:
 - ``HOME`` a scratch directory (``/hangar-home``) holding the lock's
   instructions file as ``~/.claude/CLAUDE.md`` and its ``skills/`` as
   ``~/.claude/skills/``: where Claude Code reads a user's memory and skills,
-  outside the repo, so neither shows in the patch;
+  outside the repo, so neither shows in the patch. The lock's ``plugins/`` is
+  placed as ``~/.claude/plugins/``, but Claude Code does not load plugins from
+  a folder there (it loads the ones installed from a marketplace, or given
+  with ``--plugin-dir``, which this adapter does not pass): they are placed
+  and fingerprinted, not loaded;
 - the model API through ``model_api.model_access("anthropic", ctx)``: the CLI
   talks to a loopback forwarder with a placeholder key and the host-side
   proxy adds the real one, so no key enters the sandbox;
@@ -26,8 +30,8 @@ event (``num_turns``, ``usage``, ``total_cost_usd``); without one (killed,
 timed out) they are counted from the messages, the cost estimated with
 ``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
 from what the CLI reported (its ``system``/``init`` event and the model of
-its first answer) and the instructions and skills digests from the files as
-placed in its HOME.
+its first answer) and the instructions, skills and plugins digests from the
+files as placed in its HOME.
 """
 
 from __future__ import annotations
@@ -401,7 +405,8 @@ class ClaudeCodeAgent(Agent):
     def run(self, ctx: AgentContext) -> AgentRun:
         binary = find_cli(CLI, INSTALL_HINT)
         home = scratch_dir(ctx.out_dir / "home")
-        # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/.
+        # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/
+        # (plugins/ beside them is placed, not loaded: see the module docstring).
         digests = place_lock_files(ctx, home / ".claude", "CLAUDE.md")
         argv = argv_for(ctx, binary)
         stream = StreamJson()

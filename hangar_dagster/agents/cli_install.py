@@ -5,9 +5,10 @@ in ``$HANGAR_AGENT_BIN_DIR`` (else on ``PATH``) and its install directory is
 mounted read-only at the same path, so its scripts and symlinks resolve inside
 the sandbox as they do outside. An npm CLI brings its npm prefix (and node, when
 the sandbox's system directories do not show it); a pip CLI brings its
-virtualenv (and the base interpreter, likewise). The lock's instructions file
-and ``skills/`` are copied where the CLI reads a user's own, outside the repo,
-and their digests are what the agent saw.
+virtualenv (and the base interpreter, likewise). The lock's instructions file,
+``skills/`` and ``plugins/`` are copied into the CLI's config directory,
+outside the repo, and their digests are what the agent saw (whether the CLI
+loads plugins from there is per adapter: docs/architecture.md, "Adapters").
 """
 
 from __future__ import annotations
@@ -125,20 +126,26 @@ def lock_instructions(ctx: AgentContext) -> bytes | None:
 def place_lock_files(
     ctx: AgentContext, config_dir: Path, instructions_name: str
 ) -> dict[str, str | None]:
-    """Copy the lock's instructions (as ``instructions_name``) and ``skills/`` into ``config_dir``.
+    """Copy the lock's instructions (as ``instructions_name``), skills/ and plugins/ to ``config_dir``.
 
-    Returns the contract's ``instructions_digest`` and ``skills_digest`` of the files as placed.
+    Returns the contract's ``instructions_digest``, ``skills_digest`` and
+    ``plugins_digest`` of the files as placed (modes kept: a script stays executable).
     """
     config_dir.mkdir(parents=True, exist_ok=True)
-    digests: dict[str, str | None] = {"instructions_digest": None, "skills_digest": None}
+    digests: dict[str, str | None] = {
+        "instructions_digest": None,
+        "skills_digest": None,
+        "plugins_digest": None,
+    }
     data = lock_instructions(ctx)
     if data is not None:
         (config_dir / instructions_name).write_bytes(data)
         digests["instructions_digest"] = hashlib.sha256(data).hexdigest()
-    if ctx.harness.skills_dir.is_dir():
-        placed = config_dir / "skills"
-        shutil.copytree(ctx.harness.skills_dir, placed)
-        digests["skills_digest"] = tree_digest(placed)
+    for name, source in (("skills", ctx.harness.skills_dir), ("plugins", ctx.harness.plugins_dir)):
+        if source.is_dir():
+            placed = config_dir / name
+            shutil.copytree(source, placed)
+            digests[f"{name}_digest"] = tree_digest(placed)
     return digests
 
 

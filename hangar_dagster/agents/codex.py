@@ -10,7 +10,10 @@ clone, the prompt on stdin, with:
   ``model_api.model_access("openai", ctx)`` (Responses API; the placeholder
   key in ``OPENAI_API_KEY``, the real one added by the host proxy); the lock's
   instructions file as ``AGENTS.md`` and its ``skills/`` as ``skills/``, where
-  Codex reads a user's global instructions and skills, outside the repo;
+  Codex reads a user's global instructions and skills, outside the repo; its
+  ``plugins/`` as ``plugins/``, where Codex does not load them (it loads
+  plugins installed from a marketplace, cached under ``plugins/cache/`` and
+  enabled in ``config.toml``): they are placed and fingerprinted, not loaded;
 - Codex's own sandbox and approvals switched off: hangar's sandbox is the
   boundary (Codex's landlock/seccomp and bundled bwrap cannot nest inside it),
   so the lock's ``approvals`` must be ``full-auto`` (or unset);
@@ -26,8 +29,8 @@ session file Codex writes under ``CODEX_HOME/sessions`` gives one ``turn``
 per model response. The turn-1 fingerprint takes ``cli_version`` and
 ``model`` from that session file (its ``session_meta`` and first
 ``turn_context``), the tools from the first request the proxy logged in
-``egress.jsonl``, and the instructions and skills digests from the files as
-placed (with whether the session shows Codex read them). Codex reports no
+``egress.jsonl``, and the instructions, skills and plugins digests from the
+files as placed (with whether the session shows Codex read the first two). Codex reports no
 cost: it is estimated from tokens with ``PRICES`` (0 for an unknown model,
 with a note in the trace). While it runs, the session file is followed for
 its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
@@ -459,7 +462,8 @@ class CodexAgent(Agent):
         binary = find_cli(CLI, INSTALL_HINT)
         home = scratch_dir(ctx.out_dir / "home")
         codex_home = home / CODEX_DIR
-        # Where Codex reads a user's global instructions and skills: CODEX_HOME/AGENTS.md, skills/.
+        # Where Codex reads a user's global instructions and skills: CODEX_HOME/AGENTS.md, skills/
+        # (plugins/ beside them is placed, not loaded: see the module docstring).
         digests = place_lock_files(ctx, codex_home, "AGENTS.md")
         watcher = LiveUsage(ctx, cost_of=live_cost(ctx.model), running_total=True)
         with model_access("openai", ctx) as access:

@@ -327,7 +327,7 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
 def fingerprint(ctx: AgentContext, traj: Trajectory, tools: list[str] | None) -> dict[str, Any]:
     file = ctx.harness.instructions_file
     instructions = file.read_text() if file is not None and file.is_file() else None
-    skills = ctx.harness.skills_dir
+    skills, plugins = ctx.harness.skills_dir, ctx.harness.plugins_dir
     configured = traj.model_name or litellm_model(ctx)
     return {
         "adapter": ADAPTER,
@@ -340,6 +340,8 @@ def fingerprint(ctx: AgentContext, traj: Trajectory, tools: list[str] | None) ->
         if instructions is not None
         else None,
         "skills_digest": tree_digest(skills) if skills.is_dir() else None,
+        # mini-swe-agent loads no plugins: they are only visible under /harness/plugins.
+        "plugins_digest": tree_digest(plugins) if plugins.is_dir() else None,
         "model_requested": configured,
         "instructions_seen": instructions is not None and instructions.strip() in traj.first_prompt,
         "skills_seen": [n for n in skill_names(ctx) if f"/skills/{n}/" in traj.first_prompt],

@@ -230,7 +230,7 @@ def fingerprint(
     rate: float,
 ) -> dict[str, Any]:
     """Turn 1 as the stand-in saw it: the adapter contract's keys, digests of the files it read."""
-    skills_dir = harness / "skills"
+    skills_dir, plugins_dir = harness / "skills", harness / "plugins"
     return {
         "adapter": "standin",
         # A lock's digest is the tree digest of its directory: recomputed here, not taken on trust.
@@ -243,6 +243,8 @@ def fingerprint(
         if instructions is not None
         else None,
         "skills_digest": tree_digest(skills_dir) if skills_dir.is_dir() else None,
+        # The stand-in loads no plugins; the digest says which ones its harness held.
+        "plugins_digest": tree_digest(plugins_dir) if plugins_dir.is_dir() else None,
         # Extras: per-skill digests, the lock's approvals and the rate the skills gave.
         "skills": {
             name: hashlib.sha256(text.encode()).hexdigest() for name, text in skills.items()

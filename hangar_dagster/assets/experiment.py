@@ -27,13 +27,21 @@ from hangar_dagster.models import ModelCatalog, cache_dir
 from hangar_dagster.overlay import record_pins as record_overlay_pins
 from hangar_dagster.pins import lock_pin_content, pin_set_record
 from hangar_dagster.plan import ResolvedExperiment, TrialKey
-from hangar_dagster.queue import TokenThrottle, blocker, pending, tpm_budget, waiting_reason
+from hangar_dagster.queue import (
+    TokenThrottle,
+    blocker,
+    pending,
+    record_queue_notes,
+    tpm_budget,
+    waiting_reason,
+)
 from hangar_dagster.records import ExperimentPinRecord, GradeRecord, NoteRecord, TrialRecord
 from hangar_dagster.redact import redact
 from hangar_dagster.resources import HangarResource
+from hangar_dagster.restarts import StartedMarker, close_interrupted
 from hangar_dagster.spec import Problem
 from hangar_dagster.store import DuplicateRecordError
-from hangar_dagster.trial import TrialRequest, run_trial
+from hangar_dagster.trial import RAW_PATCH, TrialRequest, run_trial
 from hangar_dagster.window import window_from_env
 
 STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
@@ -277,9 +285,17 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     def trials(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
         window = window_from_env()
+
+        def still_running(marker: StartedMarker) -> bool:
+            # A killed in-process run stays STARTED in Dagster: its process decides then.
+            run = context.instance.get_run_by_id(marker.run_id)
+            return run is not None and not run.is_finished and marker.process_alive()
+
+        for cut in close_interrupted(exp, store, hangar.paths, context.run_id, still_running):
+            context.log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
         work = pending(exp, store)
-        for note in work.notes:
-            context.log.warning(note)
+        for note in record_queue_notes(exp, store):
+            context.log.warning(note.message)
         todo = {k.key for k in work.keys}
         latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
         run: list[TrialKey] = []
@@ -353,6 +369,8 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 )
                 for said in record_overlay_pins(exp, store, context.run_id):
                     context.log.info(said)
+        for note in record_queue_notes(exp, store):  # what this run's failures led to
+            context.log.warning(note.message)
 
     @dg.asset(
         key=[prefix, "grades"],
@@ -395,7 +413,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
 
         def one(item: tuple[Any, TrialRecord]) -> GradeRecord:
             _pk, trial = item
-            patch = (Path(trial.artifacts_dir) / "patch.diff").read_text()
+            patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
             grade = grade_trial(
                 exp, trial, patch, checks.get(trial.task), context.run_id, hangar.paths
             )

@@ -13,33 +13,42 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
 - ``call``: for each test function, whether its call returned or raised
   (observed around the test function itself, beneath every report hook);
 - ``tamper``: what it saw repo code do, ``fatal`` when that can forge a result
-  (pytest internals replaced, hooks registered from the repo, a skip or exit
-  raised by repo code, the JUnit or report pipe opened by repo code) and not
-  fatal when it is only suspicious (a caller's frame read, the garbage
-  collector's objects walked, an ``__eq__`` from the repo called by a test);
+  (pytest's or this reporter's internals replaced, hooks registered from the
+  repo, a skip or exit raised by repo code, the JUnit or report pipe opened by
+  repo code, a function's code swapped, a test function swapped after
+  collection) and not fatal when it is only
+  suspicious (a caller's frame read, the garbage collector's objects walked,
+  an ``__eq__`` from the repo called by a test);
 - ``end``: the session finished (its exit status).
 
-The grader fails a grade whose JUnit report says ``passed`` for a test this
-reporter did not see return, and any grade with a fatal tamper event. Code
-under test runs in this process and could still write lines here itself; the
-cross-check raises the cost of a lie, it does not make one impossible.
+Everything the reporter uses once repo code may run is held in closures made
+at import: the descriptor, ``os.write``, the JSON encoder, the builtins it
+calls. No module attribute leads to it, and replacing ``os.write``, a builtin
+or a name of this module changes nothing it does (and the last two are fatal
+tamper). Code under test still shares this process: it can rewrite closure
+cells or forge both pipes (docs/grading.md, "Not done yet").
 """
 
 from __future__ import annotations
 
-import json
+import builtins
 import os
 import re
 import sys
 import threading
+import types
+import xml.etree.ElementTree
 from collections.abc import Callable, Generator
+from json.encoder import encode_basestring_ascii
 from types import FrameType
 from typing import Any
 
 import _pytest.junitxml
 import _pytest.outcomes
+import _pytest.python
 import _pytest.reports
 import _pytest.runner
+import _pytest.skipping
 import pluggy
 import pytest
 
@@ -57,172 +66,296 @@ _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 # The ways to name an inherited descriptor as a path.
 _FD_PATH = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?|dev)/fd/(\d+)$")
+# Classes whose methods decide a test's outcome and what the JUnit report says: pytest's
+# runner, reports and junitxml, the ElementTree it writes with, pluggy's hook calling.
+_CLASSES = (
+    _pytest.reports.TestReport, _pytest.reports.BaseReport, _pytest.reports.CollectReport,
+    _pytest.runner.CallInfo, _pytest.junitxml.LogXML, _pytest.junitxml._NodeReporter,
+    _pytest.python.Function, xml.etree.ElementTree.ElementTree, pluggy.HookCaller,
+    pluggy.PluginManager, pluggy.HookImpl, pluggy.Result,
+)  # fmt: skip
+# The modules whose functions and classes do, pluggy's found by what they define (its module
+# names are private and move between versions).
+_MODULES = (
+    _pytest.runner, _pytest.reports, _pytest.skipping, _pytest.outcomes, _pytest.junitxml,
+    xml.etree.ElementTree,
+    *{sys.modules[c.__module__] for c in _CLASSES if c.__module__.startswith("pluggy.")},
+    sys.modules[vars(sys.modules[pluggy.PluginManager.__module__])["_multicall"].__module__],
+)  # fmt: skip
+
+Send = Callable[..., None]
 
 
-def _internals() -> dict[str, object]:
-    """The objects a lying plugin would replace, by name."""
-    found: dict[str, object] = {
-        "runner.call_and_report": _pytest.runner.call_and_report,
-        "runner.runtestprotocol": _pytest.runner.runtestprotocol,
-        "runner.pytest_runtest_makereport": _pytest.runner.pytest_runtest_makereport,
-        "runner.CallInfo.from_call": _pytest.runner.CallInfo.__dict__["from_call"],
-        "pluggy.HookCaller.__call__": pluggy.HookCaller.__call__,
-        "pluggy.PluginManager._hookexec": pluggy.PluginManager._hookexec,
-        "junitxml.mangle_test_address": _pytest.junitxml.mangle_test_address,
-        "outcomes.exit": _pytest.outcomes.exit,
-    }
-    for cls in (_pytest.reports.TestReport, _pytest.reports.BaseReport, _pytest.junitxml.LogXML,
-                _pytest.junitxml._NodeReporter):  # fmt: skip
-        for name, value in vars(cls).items():
-            if not name.startswith("__") or name == "__init__":
-                found[f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}.{name}"] = value
-    return found
+def _writer(fd: int) -> Send:
+    """``send(event, **fields)``: one JSON line to ``fd``, with only what is captured now.
 
+    The fields are str, int, bool, None and lists of str (JSON by hand: ``json.dumps``
+    goes through module attributes the code under test could replace).
+    """
+    write, quote, lock = os.write, encode_basestring_ascii, threading.Lock()
+    kind, text, integer, join, encode_bytes = type, str, int, ",".join, str.encode
 
-class Reporter:
-    def __init__(self, stream: Any, repo: str, private: set[int]) -> None:
-        self.stream = stream
-        self.repo = repo.rstrip("/") + "/"
-        self.private = private  # descriptors repo code must not open: the JUnit and report pipes
-        self.snapshot = _internals()
-        self.mangle = _pytest.junitxml.mangle_test_address
-        self.lock = threading.Lock()
-        self.local = threading.local()
-        self.seen: set[str] = set()
-        self.in_test = False
+    def value(v: object) -> str:
+        if v is None or v is True or v is False:
+            return "null" if v is None else "true" if v else "false"
+        if kind(v) is integer:
+            return f"{v}"
+        # The captured type() does not narrow for mypy: the fields are only these shapes.
+        if kind(v) is text:
+            return quote(v)  # type: ignore[arg-type]
+        return "[" + join([quote(i) for i in v]) + "]"  # type: ignore[attr-defined]
 
-    def send(self, event: str, **fields: object) -> None:
-        line = json.dumps({"event": event, **fields}) + "\n"
-        with self.lock:
+    def send(event: str, **fields: object) -> None:
+        items = [f"{quote(k)}: {value(v)}" for k, v in [("event", event), *fields.items()]]
+        data = encode_bytes("{" + join(items) + "}\n")
+        with lock:
             try:
-                self.stream.write(line)
-                self.stream.flush()
-            except (OSError, ValueError):
+                while data:
+                    data = data[write(fd, data) :]
+            except OSError:
                 pass  # the pipe is gone (closed by the code under test): the grader sees no end
 
-    def tamper(self, what: str, fatal: bool) -> None:
-        if what not in self.seen:
-            self.seen.add(what)
-            self.send("tamper", what=what, fatal=fatal)
+    return send
 
-    def junit_id(self, nodeid: str) -> str:
-        names = self.mangle(nodeid)
-        classname = ".".join(names[:-1])
-        return f"{classname}::{names[-1]}" if classname else names[-1]
 
-    def repo_frame(self, frame: FrameType | None, depth: int = 1) -> str | None:
+def _snapshotter() -> Callable[[], dict[str, object]]:
+    """``take()``: what the internals check compares at the end of the session, by name.
+
+    Each watched module's functions, classes and modules, each watched class's
+    methods, this module's whole namespace, and the builtins. Everything it
+    uses is bound now: a replaced ``vars`` could otherwise show the old values.
+    """
+    names, is_a, is_callable = vars, isinstance, callable
+    plain = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType)
+    methods = (classmethod, staticmethod, property)
+    modules, classes, namespaces = _MODULES, _CLASSES, (sys.modules[__name__], builtins)
+
+    def take() -> dict[str, object]:
+        found: dict[str, object] = {}
+        for module in modules:
+            prefix = module.__name__.rsplit(".", 1)[-1]
+            found.update((f"{prefix}.{n}", v) for n, v in names(module).items() if is_a(v, plain))
+        for cls in classes:
+            prefix = f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+            # Methods and descriptors only: pytest keeps flags of its own on some of these classes.
+            found.update(
+                (f"{prefix}.{n}", v)
+                for n, v in names(cls).items()
+                if is_callable(v) or is_a(v, methods)
+            )
+        for space in namespaces:
+            found.update(
+                (f"{space.__name__.rsplit('.', 1)[-1]}.{n}", v) for n, v in names(space).items()
+            )
+        return found
+
+    return take
+
+
+# Namespaces that gain names legitimately while pytest runs (only replacements count there).
+_GROWING = ("builtins.",)
+
+
+def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[..., Any], ...]:
+    """Open the report pipe, send ``start``, install the audit hook; return the pytest hooks.
+
+    Every name the hooks and the checks use is bound here, so they reach nothing
+    through a module attribute.
+    """
+    send = _writer(os.open(report_path, os.O_WRONLY | os.O_CLOEXEC))
+    repo = repo.rstrip("/") + "/"
+    pipes = (_FD_PATH.match(p) for p in (report_path, junit_path))
+    private = frozenset(int(m.group(1)) for m in pipes if m is not None)
+    junit_file = os.path.normpath(os.path.abspath(junit_path))
+    junitxml_file = _pytest.junitxml.__file__
+    mangle, outcome_exc = _pytest.junitxml.mangle_test_address, _pytest.outcomes.OutcomeException
+    xml_key, log_xml, node_reporter = _pytest.junitxml.xml_key, _pytest.junitxml.LogXML, _pytest.junitxml._NodeReporter  # fmt: skip
+    getframe, getprofile, setprofile = sys._getframe, sys.getprofile, sys.setprofile
+    kind, is_a, attr, names, ordered, length = type, isinstance, getattr, vars, sorted, len
+    text, integer, span, new_set, is_callable = str, int, range, set, callable
+    fd_path, gc_events, frame_attrs, watched_hooks = _FD_PATH, _GC_EVENTS, _FRAME_ATTRS, _WATCHED_HOOKS  # fmt: skip
+    growing, take_snapshot, hook_caller = _GROWING, _snapshotter(), pluggy.HookCaller
+    seen: set[str] = set()
+    local = threading.local()
+    # Taken at configure, before any repo code can run: the internals, each hook's function,
+    # the plugin manager's hook calling.
+    snapshot: list[tuple[str, object]] = []
+    hookimpls: list[tuple[pluggy.HookImpl, object]] = []
+    hookexec: list[object] = []
+    log_xmls: list[_pytest.junitxml.LogXML] = []  # the LogXML instance, at session start
+    collected: dict[str, object] = {}  # each test's code object when collection ended
+
+    def tamper(what: str, fatal: bool) -> None:
+        if what not in seen:
+            seen.add(what)
+            send("tamper", what=what, fatal=fatal)
+
+    def junit_id(nodeid: str) -> str:
+        parts = mangle(nodeid)
+        classname = ".".join(parts[:-1])
+        return f"{classname}::{parts[-1]}" if classname else parts[-1]
+
+    def repo_file(frame: FrameType | None, depth: int = 1) -> str | None:
         """The repo file of the first ``depth`` frames from ``frame``, if one is the repo's."""
-        for _ in range(depth):
+        for _ in span(depth):
             if frame is None:
                 return None
-            if frame.f_code.co_filename.startswith(self.repo):
-                return frame.f_code.co_filename[len(self.repo) :]
+            if frame.f_code.co_filename.startswith(repo):
+                return frame.f_code.co_filename[length(repo) :]
             frame = frame.f_back
         return None
 
-    def audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in ("open", "sys._getframe", "object.__getattr__", "sys._current_frames",
-                         *_GC_EVENTS):  # fmt: skip
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event not in ("open", "sys._getframe", "object.__getattr__", "object.__setattr__",
+                         "sys._current_frames", *gc_events):  # fmt: skip
             return
-        if getattr(self.local, "busy", False):
-            return  # our own sys._getframe below
-        self.local.busy = True
+        if attr(local, "busy", False):
+            return  # our own getframe below
+        local.busy = True
         try:
-            caller = sys._getframe(1)
+            caller = getframe(1)
             if event == "open":
-                fd = _FD_PATH.match(args[0]) if isinstance(args[0], str) else None
-                if fd is not None and int(fd.group(1)) in self.private:
-                    if where := self.repo_frame(caller, 8):
-                        self.tamper(f"repo code opened a grader pipe ({where})", True)
-            elif event in _GC_EVENTS:
-                if where := self.repo_frame(caller):
-                    self.tamper(f"repo code walked the garbage collector ({where})", False)
-            elif event != "object.__getattr__" or args[1] in _FRAME_ATTRS:
-                if where := self.repo_frame(caller):
-                    self.tamper(f"repo code read a frame ({where})", False)
+                fd = fd_path.match(args[0]) if is_a(args[0], text) else None
+                if fd is not None and integer(fd.group(1)) in private:
+                    if where := repo_file(caller, 8):
+                        tamper(f"repo code opened a grader pipe ({where})", True)
+            elif event in gc_events:
+                if where := repo_file(caller):
+                    tamper(f"repo code walked the garbage collector ({where})", False)
+            elif event == "object.__setattr__":
+                # A function's code swapped keeps its identity: every check here would miss it.
+                if args[1] == "__code__" and (where := repo_file(caller)):
+                    tamper(f"repo code replaced a function's code ({where})", True)
+            elif event != "object.__getattr__" or args[1] in frame_attrs:
+                if where := repo_file(caller):
+                    tamper(f"repo code read a frame ({where})", False)
         finally:
-            self.local.busy = False
+            local.busy = False
 
-    def profile(self, frame: FrameType, event: str, arg: object) -> None:
+    def profile(frame: FrameType, event: str, arg: object) -> None:
         if event == "call" and frame.f_code.co_name in ("__eq__", "__ne__"):
-            if where := self.repo_frame(frame):
-                self.tamper(f"a test compared with {frame.f_code.co_name} from {where}", False)
+            if where := repo_file(frame):
+                tamper(f"a test compared with {frame.f_code.co_name} from {where}", False)
 
-    def check_internals(self, config: pytest.Config) -> None:
-        now = _internals()
-        changed = sorted(k for k, v in self.snapshot.items() if now.get(k) is not v)
-        added = sorted(set(now) - set(self.snapshot))
+    def shadowed(obj: object, cls: type) -> list[str]:
+        """Methods of ``cls`` that ``obj`` overrides on itself, or its class when it was swapped.
+
+        junitxml's own overrides are fine: a finalized ``_NodeReporter`` keeps its XML in a
+        ``to_xml`` lambda of its own.
+        """
+        if kind(obj) is not cls:
+            return ["__class__"]
+        return [
+            n for n, v in ordered(names(obj).items())
+            if is_callable(attr(cls, n, None))
+            and attr(attr(v, "__code__", None), "co_filename", None) != junitxml_file
+        ]  # fmt: skip
+
+    def check(config: pytest.Config) -> None:
+        now = take_snapshot()
+        changed = [k for k, v in snapshot if now.get(k) is not v]
+        before = {k for k, _ in snapshot}
+        added = [k for k in now if k not in before and not k.startswith(growing)]
+        changed += [f"{f.__qualname__}.__code__" for f, code in codes if f.__code__ is not code]
+        changed += [f"hook {i.plugin_name}: {i.function!r}" for i, f in hookimpls if i.function is not f]  # fmt: skip
+        if hookexec and config.pluginmanager._inner_hookexec is not hookexec[0]:
+            changed.append("PluginManager._inner_hookexec")
+        for logxml in log_xmls:
+            changed += [f"LogXML.{n}" for n in shadowed(logxml, log_xml)]
+            if logxml.logfile != junit_file:
+                changed.append("LogXML.logfile")
+            for nr in [*logxml.node_reporters.values(), *logxml.node_reporters_ordered]:
+                changed += [f"_NodeReporter.{n} (instance)" for n in shadowed(nr, node_reporter)]
         if changed or added:
-            self.tamper(f"pytest internals replaced: {', '.join(changed + added)}", True)
-        for name in _WATCHED_HOOKS:
-            for impl in getattr(config.hook, name).get_hookimpls():
-                code = getattr(impl.function, "__code__", None)
-                if code is not None and code.co_filename.startswith(self.repo):
-                    where = code.co_filename[len(self.repo) :]
-                    self.tamper(f"hook {name} registered from repo code ({where})", True)
+            what = ", ".join(ordered(new_set(changed)) + ordered(added))
+            send("tamper", what=f"pytest internals replaced: {what}", fatal=True)
+        for name in watched_hooks:
+            for impl in attr(config.hook, name).get_hookimpls():
+                code = attr(impl.function, "__code__", None)
+                if code is not None and code.co_filename.startswith(repo):
+                    where = code.co_filename[length(repo) :]
+                    send("tamper", what=f"hook {name} registered from repo code ({where})", fatal=True)  # fmt: skip
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(config: pytest.Config) -> None:
+        # Before the hidden conftests load and long before any repo code can.
+        snapshot.extend(take_snapshot().items())
+        hookexec.append(config.pluginmanager._inner_hookexec)
+        for caller in names(config.hook).values():
+            if is_a(caller, hook_caller):
+                hookimpls.extend((i, i.function) for i in caller.get_hookimpls())
 
-def _open_report() -> Reporter | None:
-    path, repo = os.environ.get(REPORT_ENV), os.environ.get("HANGAR_REPO")
-    if not path or not repo:
-        return None  # not under hangar's grader: nothing to report to
-    stream = open(path, "w", encoding="utf-8")  # noqa: SIM115 - kept open for the whole run
-    pipes = (_FD_PATH.match(p) for p in (path, os.environ.get("HANGAR_GRADE_JUNIT", "")))
-    reporter = Reporter(stream, repo, {int(m.group(1)) for m in pipes if m is not None})
+    def test_code(item: pytest.Item) -> object:
+        func = attr(item, "obj", None)
+        return attr(attr(func, "__func__", func), "__code__", None)
+
+    def pytest_sessionstart(session: pytest.Session) -> None:
+        # Created by junitxml's pytest_configure; kept here, whatever later becomes of the stash.
+        log_xmls.extend(x for x in [session.config.stash.get(xml_key, None)] if x is not None)
+
+    def pytest_collection_finish(session: pytest.Session) -> None:
+        collected.update((i.nodeid, test_code(i)) for i in session.items)
+        ids = [junit_id(i.nodeid) for i in session.items]
+        xfail = [junit_id(i.nodeid) for i in session.items if i.get_closest_marker("xfail")]
+        send("collected", ids=ids, xfail=xfail)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+        # Outermost wrapper: it sees the test function's own result, beneath any report hook.
+        test_id = junit_id(pyfuncitem.nodeid)
+        # pytest runs whatever the item holds now: it must be the function collected.
+        if collected.get(pyfuncitem.nodeid, None) is not test_code(pyfuncitem):
+            send("tamper", what=f"test function {test_id} replaced after collection", fatal=True)
+        previous: Callable[..., Any] | None = getprofile()
+        setprofile(profile)
+        try:
+            result = yield
+        except BaseException as exc:
+            setprofile(previous)
+            if is_a(exc, outcome_exc):
+                tb = exc.__traceback__
+                while tb is not None:
+                    if where := repo_file(tb.tb_frame):
+                        tamper(f"repo code raised {kind(exc).__name__} ({where})", True)
+                        break
+                    tb = tb.tb_next
+            send("call", id=test_id, raised=kind(exc).__name__)
+            raise
+        setprofile(previous)
+        send("call", id=test_id, raised=None)
+        return result
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+        check(session.config)
+        send("end", exitstatus=integer(exitstatus))
+
+    hooks = (pytest_configure, pytest_sessionstart, pytest_collection_finish, pytest_pyfunc_call,
+             pytest_sessionfinish)  # fmt: skip
+    own = (send, tamper, junit_id, repo_file, audit, profile, shadowed, check, test_code, *hooks,
+           take_snapshot, _writer, _snapshotter)  # fmt: skip
+    codes = tuple((f, f.__code__) for f in own)
     status = {}
     with open("/proc/self/status") as f:
         for line in f:
-            key, _, value = line.partition(":")
+            key, _, v = line.partition(":")
             if key in ("Uid", "CapEff", "NoNewPrivs"):
-                status[key] = value.split()[0]
-    reporter.send("start", uid=int(status["Uid"]), cap_eff=status["CapEff"],
-                  no_new_privs=status["NoNewPrivs"] == "1")  # fmt: skip
-    sys.addaudithook(reporter.audit)
-    return reporter
+                status[key] = v.split()[0]
+    send("start", uid=int(status["Uid"]), cap_eff=status["CapEff"],
+         no_new_privs=status["NoNewPrivs"] == "1")  # fmt: skip
+    sys.addaudithook(audit)
+    return hooks
 
 
-_reporter = _open_report()
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if _reporter is not None:
-        ids = [_reporter.junit_id(i.nodeid) for i in session.items]
-        xfail = [
-            _reporter.junit_id(i.nodeid) for i in session.items if i.get_closest_marker("xfail")
-        ]
-        _reporter.send("collected", ids=ids, xfail=xfail)
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-    # Outermost wrapper: it sees the test function's own result, beneath any report hook.
-    if _reporter is None:
-        return (yield)
-    reporter: Reporter = _reporter
-    test_id = reporter.junit_id(pyfuncitem.nodeid)
-    previous: Callable[..., Any] | None = sys.getprofile()
-    sys.setprofile(reporter.profile)
-    try:
-        result = yield
-    except BaseException as exc:
-        sys.setprofile(previous)
-        if isinstance(exc, _pytest.outcomes.OutcomeException):
-            tb = exc.__traceback__
-            while tb is not None:
-                if where := reporter.repo_frame(tb.tb_frame):
-                    kind = type(exc).__name__
-                    reporter.tamper(f"repo code raised {kind} ({where})", True)
-                    break
-                tb = tb.tb_next
-        reporter.send("call", id=test_id, raised=type(exc).__name__)
-        raise
-    sys.setprofile(previous)
-    reporter.send("call", id=test_id, raised=None)
-    return result
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _reporter is not None:
-        _reporter.check_internals(session.config)
-        _reporter.send("end", exitstatus=int(exitstatus))
+# Under hangar's grader only (elsewhere there is nothing to report to). The hooks are the only
+# handles left at module level: what they use lives in their closures.
+if os.environ.get(REPORT_ENV) and os.environ.get("HANGAR_REPO"):
+    (
+        pytest_configure,
+        pytest_sessionstart,
+        pytest_collection_finish,
+        pytest_pyfunc_call,
+        pytest_sessionfinish,
+    ) = _install(
+        os.environ[REPORT_ENV], os.environ["HANGAR_REPO"], os.environ.get("HANGAR_GRADE_JUNIT", "")
+    )

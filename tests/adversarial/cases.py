@@ -75,7 +75,6 @@ WRITE_HIDDEN = (
     "    'chmod': lambda: os.chmod(target, 0o666),\n"
     "    'conftest': lambda: open(os.path.join(hidden, 'conftest.py'), 'w').write('x = 1'),\n"
     "    'init': lambda: open(os.path.join(hidden, '__init__.py'), 'w').write(''),\n"
-    "    'via-link': lambda: open('hidden_link', 'w').write('def test_add():\\n    pass\\n'),\n"
     "}\n"
     "with open(os.environ['HANGAR_GRADE_OUT'], 'w') as out:\n"
     "    for name, attempt in attempts.items():\n"
@@ -85,6 +84,74 @@ WRITE_HIDDEN = (
     "        except OSError as err:\n"
     "            out.write(f'{name}: denied ({err.strerror})\\n')\n"
 )
+# Writes through the patch's link, named by its path in the repo (the cwd is the hidden
+# directory: a bare name would make a new file there), after saying where the link leads.
+WRITE_VIA_LINK = (
+    "import os\n"
+    "link = os.path.join(os.environ['HANGAR_REPO'], 'hidden_link')\n"
+    "with open(os.environ['HANGAR_GRADE_OUT'], 'w') as out:\n"
+    "    out.write(f'via-link target: {os.path.realpath(link)}\\n')\n"
+    "    try:\n"
+    "        with open(link, 'w') as f:\n"
+    "            f.write('def test_add():\\n    pass\\n')\n"
+    "        out.write('via-link: DONE\\n')\n"
+    "    except OSError as err:\n"
+    "        out.write(f'via-link: denied ({err.strerror})\\n')\n"
+)
+# Wraps a reporter's send: tamper events dropped, every call made clean. Set as FORGE in a file.
+FORGE = (
+    "def forge(send):\n"
+    "    def forged(event, **fields):\n"
+    "        if event == 'tamper':\n"
+    "            return\n"
+    "        if event == 'call':\n"
+    "            fields['raised'] = None\n"
+    "        send(event, **fields)\n"
+    "    return forged\n"
+)
+# Failures written to the JUnit report as passes, and exit 0 whatever pytest says.
+JUNIT_PASS = (
+    "import atexit, os\n"
+    "import _pytest.junitxml as j\n"
+    "j._NodeReporter.append_failure = j._NodeReporter.append_pass\n"
+    "atexit.register(os._exit, 0)\n"
+)
+# Every convenient way to the reporter's sending: its module-level handle, and the os.write a
+# writer would look up when it writes (a tamper line dropped, a raised call made clean).
+FORGE_SEND = (
+    "import os, re, sys\n"
+    "exec(FORGE)\n"
+    "mod = sys.modules['hangar_dagster.grading.reporter']\n"
+    "write = os.write\n\n\n"
+    "def forged_write(fd, data):\n"
+    "    if b'\"tamper\"' in data:\n"
+    "        return len(data)\n"
+    '    write(fd, re.sub(rb\'"raised": ?"\\w+"\', b\'"raised": null\', data))\n'
+    "    return len(data)\n\n\n"
+    "os.write = forged_write\n"
+    "reporter = getattr(mod, '_reporter', None)\n"
+    "if reporter is not None:\n"
+    "    reporter.send = forge(reporter.send)\n"
+) + JUNIT_PASS
+# The writer reached through the closure cells of the reporter's hook functions.
+FORGE_CELLS = (
+    "import sys, types\n"
+    "exec(FORGE)\n"
+    "mod = sys.modules['hangar_dagster.grading.reporter']\n"
+    "todo, done = [v for v in vars(mod).values() if isinstance(v, types.FunctionType)], set()\n"
+    "while todo:\n"
+    "    fn = todo.pop()\n"
+    "    if id(fn) in done:\n"
+    "        continue\n"
+    "    done.add(id(fn))\n"
+    "    for cell in fn.__closure__ or ():\n"
+    "        value = cell.cell_contents\n"
+    "        if isinstance(value, types.FunctionType):\n"
+    "            if value.__name__ == 'send':\n"
+    "                cell.cell_contents = forge(value)\n"
+    "            else:\n"
+    "                todo.append(value)\n"
+) + JUNIT_PASS
 
 
 @dataclass(frozen=True)
@@ -331,9 +398,9 @@ CASES = [
     ),
     Case(
         "symlink_into_hidden",
-        {"hidden_link": Link("../hidden/test_calc_hidden.py"), "calc.py": WRITE_HIDDEN + BUGGY},
+        {"hidden_link": Link("../hidden/test_calc_hidden.py"), "calc.py": WRITE_VIA_LINK + BUGGY},
         signal="hidden_link",
-        log=["via-link: denied"],
+        log=[r"via-link target: /\S+/hidden/test_calc_hidden\.py\n", "via-link: denied"],
         not_in_log=[": DONE"],
     ),  # fmt: skip
     Case(
@@ -438,7 +505,7 @@ CASES = [
         "forge_both_streams",
         {
             "calc.py": (
-                "import atexit, json, os, sys\n"
+                "import atexit, json, os\n"
                 f"REPORT = {FORGED_JUNIT!r}\n"
                 "IDS = ['test_calc_hidden::test_add', 'test_calc_hidden::test_negative',\n"
                 "       'test_calc_hidden::test_zero']\n"
@@ -450,12 +517,60 @@ CASES = [
                 "os.write(report, ''.join(json.dumps(e) + '\\n' for e in events).encode())\n"
                 "os.write(junit, REPORT.encode())\n"
                 "null = os.open(os.devnull, os.O_WRONLY)\n"
-                "os.dup2(null, sys.modules['hangar_dagster.grading.reporter']._reporter.stream.fileno())\n"
-                "os.dup2(null, junit)\n"
+                "pipes = {os.fstat(junit).st_ino, os.fstat(report).st_ino}\n"
+                "for name in os.listdir('/proc/self/fd'):\n"
+                "    try:\n"
+                "        if os.fstat(int(name)).st_ino in pipes:\n"
+                "            os.dup2(null, int(name))\n"
+                "    except OSError:\n"
+                "        pass\n"
                 "atexit.register(os._exit, 0)\n" + BUGGY
             )
         },
         known_gap="the code under test shares the reporter's process and can forge both streams",
+    ),
+    # The tests not yet run swapped for functions that return: pytest then runs those, and the
+    # reporter sees each call return. The first call gets the right answer to get by.
+    Case(
+        "replace_test_function",
+        {
+            "calc.py": (
+                "import gc\nimport pytest\n\n\ndef add(a, b):\n"
+                "    for obj in gc.get_objects():\n"
+                "        if isinstance(obj, pytest.Function):\n"
+                "            obj.obj = lambda *args, **kwargs: None\n"
+                "    return a + b\n"
+            )
+        },
+        reason="tamper: test function test_calc_hidden::test_negative replaced",
+        signal="run: test function test_calc_hidden::test_negative replaced",
+    ),
+    # A failure written as a pass by swapping a method's code: the function keeps its identity.
+    Case(
+        "swap_code",
+        {
+            "calc.py": (
+                "import atexit, os\nimport _pytest.junitxml as j\n"
+                "j._NodeReporter.append_failure.__code__ = j._NodeReporter.append_pass.__code__\n"
+                "atexit.register(os._exit, 0)\n" + BUGGY
+            )
+        },
+        reason="tamper: repo code replaced a function's code (calc.py)",
+    ),
+    # The reviewer's recipe: the trusted reporter's own sending wrapped (tamper dropped, every
+    # call made clean), failures written to JUnit as passes, and exit 0 whatever happens.
+    Case(
+        "forge_send",
+        {"calc.py": f"FORGE = {FORGE!r}\n" + FORGE_SEND + BUGGY},
+        reason="tamper: pytest internals replaced: junitxml._NodeReporter.append_failure",
+        signal="run: pytest internals replaced: junitxml._NodeReporter.append_failure",
+    ),
+    # The same recipe through the writer held in the reporter's closures: rewriting closure cells
+    # reaches anything in the process (docs/grading.md, "Not done yet").
+    Case(
+        "forge_closure_cells",
+        {"calc.py": f"FORGE = {FORGE!r}\n" + FORGE_CELLS + BUGGY},
+        known_gap="closure cells can be rewritten by the code under test",
     ),
     Case(
         "huge_write",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from hangar_dagster.agents import get_agent
+from hangar_dagster.agents import get_agent, mini_swe
 from hangar_dagster.agents.cli_install import BIN_DIR_VAR, place_lock_files, prompt
-from hangar_dagster.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.drift import check_drift, harness_fingerprint
+from hangar_dagster.harness import HarnessError, HarnessLock, freeze, thaw, tree_digest
 from tests.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock
 
 MODEL = "gpt-5-2025-08-07"
@@ -48,6 +51,52 @@ def test_lock_files_are_placed_with_the_digests_of_what_was_placed(tmp_path: Pat
     assert digests == {
         "instructions_digest": hashlib.sha256(INSTRUCTIONS.encode()).hexdigest(),
         "skills_digest": tree_digest(placed / "skills"),
+        "plugins_digest": None,  # the lock holds no plugins/
     }
     assert digests["skills_digest"] == tree_digest(lock.skills_dir)
+    assert not (placed / "plugins").exists()
     assert prompt(ctx) == "Make add() add.\n\nYou can check your work with: make check"
+
+
+def lock_with_plugin(tmp_path: Path, script_mode: int) -> HarnessLock:
+    """The codex test lock plus ``plugins/lint`` (a manifest and a script), frozen and thawed."""
+    src = lock_for(tmp_path, "codex", "codex").path
+    plugin = tmp_path / "plugin-src"
+    shutil.copytree(src, plugin)
+    (plugin / "plugins" / "lint" / "bin").mkdir(parents=True)
+    (plugin / "plugins" / "lint" / "plugin.json").write_text('{"name": "lint"}\n')
+    script = plugin / "plugins" / "lint" / "bin" / "lint.sh"
+    script.write_text("#!/bin/sh\necho linted\n")
+    script.chmod(script_mode)
+    lock = freeze(plugin, tmp_path / "registry")
+    return thaw(tmp_path / "registry", lock.ref, tmp_path / f"thawed-{script_mode:o}")
+
+
+def test_plugins_are_placed_beside_skills_and_fingerprinted(tmp_path: Path) -> None:
+    lock = lock_with_plugin(tmp_path, 0o755)
+    ctx = cli_context(tmp_path, lock, tmp_path, MODEL)
+    placed = tmp_path / "home" / ".codex"
+    digests = place_lock_files(ctx, placed, "AGENTS.md")
+    script = placed / "plugins" / "lint" / "bin" / "lint.sh"
+    assert (placed / "plugins" / "lint" / "plugin.json").read_text() == '{"name": "lint"}\n'
+    assert subprocess.run([str(script)], capture_output=True, text=True).stdout == "linted\n"
+    assert digests["plugins_digest"] == tree_digest(placed / "plugins")
+    # What was placed is what the pin set pins: no drift.
+    pinned = harness_fingerprint(lock, MODEL)
+    assert pinned["plugins_digest"] == digests["plugins_digest"]
+    assert not check_drift(pinned, digests, {}, {})
+    # The same plugin whose script is not executable is another lock, and drift.
+    other = lock_with_plugin(tmp_path / "other", 0o644)
+    assert other.ref != lock.ref
+    seen = place_lock_files(cli_context(tmp_path, other, tmp_path, MODEL), tmp_path / "o", "A.md")
+    drift = check_drift(pinned, seen, {}, {})
+    assert set(drift.harness) == {"plugins_digest"}
+    assert drift.harness["plugins_digest"] == (pinned["plugins_digest"], seen["plugins_digest"])
+
+
+def test_mini_swe_reports_the_plugins_it_can_see(tmp_path: Path) -> None:
+    lock = lock_with_plugin(tmp_path, 0o755)
+    ctx = cli_context(tmp_path, lock, tmp_path, MODEL)
+    seen = mini_swe.fingerprint(ctx, mini_swe.Trajectory(), None)
+    assert seen["plugins_digest"] == harness_fingerprint(lock, MODEL)["plugins_digest"]
+    assert seen["plugins_digest"] == tree_digest(lock.plugins_dir)

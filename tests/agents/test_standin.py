@@ -53,7 +53,11 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def make_lock(
-    tmp_path: Path, rate: float, skill: str | None = None, playbook: Any = None
+    tmp_path: Path,
+    rate: float,
+    skill: str | None = None,
+    playbook: Any = None,
+    plugin: str | None = None,
 ) -> HarnessLock:
     src = tmp_path / "harness-src"
     src.mkdir()
@@ -71,6 +75,9 @@ def make_lock(
     if skill is not None:
         (src / "skills" / "care").mkdir(parents=True)
         (src / "skills" / "care" / "SKILL.md").write_text(skill)
+    if plugin is not None:
+        (src / "plugins" / "lint").mkdir(parents=True)
+        (src / "plugins" / "lint" / "plugin.json").write_text(plugin)
     return freeze(src, tmp_path / "registry")
 
 
@@ -311,6 +318,21 @@ def test_skills_changed_after_pinning_are_reported_as_seen_and_drift(tmp_path: P
     )
     assert drift.harness["harness"] == (lock.ref, f"{lock.name}@sha256:{tree_digest(changed)}")
     assert str(drift.summary()).startswith("harness: harness ")
+
+
+def test_plugins_changed_after_pinning_are_drift(tmp_path: Path) -> None:
+    lock = make_lock(tmp_path, rate=0.0, plugin='{"name": "lint"}\n')
+    pinned = harness_fingerprint(lock, lock.model)
+    changed = tmp_path / "changed"
+    shutil.copytree(lock.path, changed)
+    (changed / "plugins" / "lint" / "plugin.json").write_text('{"name": "lint", "v": 2}\n')
+    clone, _ = make_clone(tmp_path)
+    run = StandinAgent().run(context(tmp_path, replace(lock, path=changed), clone, "s0"))
+    assert run.error is None, run.output_tail
+    assert check_drift(pinned, run.fingerprint, {}, {}).harness == {
+        "harness": (lock.ref, f"{lock.name}@sha256:{tree_digest(changed)}"),
+        "plugins_digest": (tree_digest(lock.plugins_dir), tree_digest(changed / "plugins")),
+    }
 
 
 def test_adapter_in_bwrap_retries_after_a_failed_check(tmp_path: Path) -> None:

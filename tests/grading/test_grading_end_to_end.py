@@ -302,3 +302,23 @@ def test_refused_reports_fail_the_grade_for_their_own_reason(
     run = run_grader(exp, "t1", "", label="refused", work_root=hpaths.work, env_extra={})
     assert run.passed is False and run.exit_code == 0
     assert run.reason == f"no usable JUnit report: $HANGAR_GRADE_JUNIT: {why}"
+
+
+def test_golden_txt_hidden_file_gets_no_canary_line(
+    task_repo: tuple[Path, str], make_patch: PatchMaker, hpaths: HangarPaths
+) -> None:
+    # A hidden golden output compared byte for byte: a canary line in it broke the task.
+    hidden = {
+        "expected_sum.txt": "5\n",
+        "test_golden.py": (
+            "from pathlib import Path\n\nfrom calc import add\n\n\n"
+            "def test_matches_golden():\n"
+            "    golden = (Path(__file__).parent / 'expected_sum.txt').read_text()\n"
+            "    assert f'{add(2, 3)}\\n' == golden\n"
+        ),
+    }
+    exp = exp_for(task_repo, hidden)
+    fixed = make_patch({"calc.py": FIXED})
+    run = run_grader(exp, "t1", fixed, label="golden", work_root=hpaths.work, env_extra={})
+    assert run.passed is True and run.counts["passed"] == 1, run.output
+    assert run.canary_files == 1  # the test file carries it, the golden file does not

@@ -57,7 +57,8 @@ def test_hidden_files_merge_shared_and_task_files_task_wins(tmp_path: Path) -> N
     [
         ("test_a.py", "import os\n", f"# {CANARY}\nimport os\n"),
         ("sub/conf.toml", "[x]\n", f"# {CANARY}\n[x]\n"),
-        ("requirements.txt", "pytest\n", f"# {CANARY}\npytest\n"),
+        ("conf.yaml", "a: 1\n", f"# {CANARY}\na: 1\n"),
+        ("setup.cfg", "[x]\n", f"# {CANARY}\n[x]\n"),
         ("run.sh", "#!/bin/sh\necho hi\n", f"#!/bin/sh\n# {CANARY}\necho hi\n"),
         (
             "test_b.py",
@@ -74,6 +75,13 @@ def test_canary_line_goes_where_the_file_type_allows(
     path: str, content: str, expected: str
 ) -> None:
     assert with_canary(path, content, CANARY) == expected
+
+
+@pytest.mark.parametrize("path", ["expected_output.txt", "golden/out.TXT", "data.csv", "x.md"])
+def test_with_canary_leaves_golden_txt_and_data_files_as_given(path: str) -> None:
+    # A golden output compared byte for byte must stay byte for byte what the spec gave.
+    golden = "line one\nline two\n"
+    assert with_canary(path, golden, CANARY) == golden
 
 
 def test_write_hidden_files_counts_marked_files_and_refuses_escaping_paths(tmp_path: Path) -> None:
