@@ -134,7 +134,14 @@ def test_an_agent_printing_keys_leaks_none_of_them(example_dir: Path, tmp_path: 
 
     # Nowhere under HANGAR_HOME (artifacts, Parquet, DuckDB, the Dagster instance and its
     # event log and run logs), nor in the export, nor in what the CLI printed.
-    assert _scan(home, secrets) == [] and _scan(out, secrets) == []
+    # The one exception is the grader's input, patch.raw.diff: the agent's code as it wrote it
+    # (a redacted copy would be other code), owner-only and never exported or shown.
+    found = _scan(home, secrets)
+    raw = [f for f in found if f.split(":")[0].endswith("/patch.raw.diff")]
+    assert found == raw and raw, found
+    (raw_file,) = {Path(f.split(":")[0]) for f in raw}
+    assert raw_file.stat().st_mode & 0o777 == 0o600
+    assert _scan(out, secrets) == []
     for printed in (ran.stdout, got.stdout):
         assert not [s for s in secrets if s in printed]
     # And what was redacted still shows where it was, so the test can tell it ran.
