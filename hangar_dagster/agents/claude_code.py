@@ -12,10 +12,9 @@ clone with:
   instructions file as ``~/.claude/CLAUDE.md`` and its ``skills/`` as
   ``~/.claude/skills/``: where Claude Code reads a user's memory and skills,
   outside the repo, so neither shows in the patch. The lock's ``plugins/`` is
-  placed as ``~/.claude/plugins/``, but Claude Code does not load plugins from
-  a folder there (it loads the ones installed from a marketplace, or given
-  with ``--plugin-dir``, which this adapter does not pass): they are placed
-  and fingerprinted, not loaded;
+  placed as ``~/.claude/plugins/`` and each of its children (a plugin folder
+  or ``.zip``) is passed with ``--plugin-dir``: Claude Code loads no plugin
+  from that folder by itself, only installed ones and the ones named so;
 - the model API through ``model_api.model_access("anthropic", ctx)``: the CLI
   talks to a loopback forwarder with a placeholder key and the host-side
   proxy adds the real one, so no key enters the sandbox;
@@ -25,13 +24,15 @@ clone with:
 Its stream-json output is read as it arrives (``on_stdout`` chain: the parser
 and the trial budget watcher) and becomes the trace: ``init``, ``turn`` (one
 per assistant message), ``message``, ``tool_call``, ``tool_result`` and
-``result`` events. Turns, tokens and cost come from the CLI's ``result``
+``result`` events; the ``init`` event keeps the plugins, skills and slash
+commands the CLI said it loaded. Turns, tokens and cost come from the CLI's ``result``
 event (``num_turns``, ``usage``, ``total_cost_usd``); without one (killed,
 timed out) they are counted from the messages, the cost estimated with
 ``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
 from what the CLI reported (its ``system``/``init`` event and the model of
-its first answer) and the instructions, skills and plugins digests from the
-files as placed in its HOME.
+its first answer), ``plugins_loaded`` from the plugins its ``init`` event
+names from the lock's folder, and the instructions, skills and plugins digests from the files as
+placed in its HOME.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from hangar_dagster.sandbox import Mount, SandboxResult
 ADAPTER = "claude-code"
 CLI = "claude"
 HOME_MOUNT = "/hangar-home"
+PLUGINS_MOUNT = f"{HOME_MOUNT}/.claude/plugins"  # where place_lock_files puts plugins/
 INSTALL_HINT = "npm install @anthropic-ai/claude-code@<the lock's agent.version>"
 # Lock approvals -> Claude Code permission mode.
 APPROVALS = {
@@ -116,13 +118,54 @@ def max_turns(ctx: AgentContext) -> int | None:
     return value
 
 
+def plugin_dirs(ctx: AgentContext) -> list[str]:
+    """Sandbox paths of the lock's plugins: each folder or ``.zip`` in its ``plugins/``."""
+    source = ctx.harness.plugins_dir
+    if not source.is_dir():
+        return []
+    return [
+        f"{PLUGINS_MOUNT}/{child.name}"
+        for child in sorted(source.iterdir())
+        if child.is_dir() or child.suffix == ".zip"
+    ]
+
+
 def argv_for(ctx: AgentContext, binary: Path) -> list[str]:
     argv = [str(binary), "-p", "--output-format", "stream-json", "--verbose"]
     argv += ["--model", ctx.model, "--permission-mode", permission_mode(ctx)]
     turns = max_turns(ctx)
     if turns is not None:
         argv += ["--max-turns", str(turns)]
+    for plugin in plugin_dirs(ctx):
+        argv += ["--plugin-dir", plugin]
     return [*argv, "--", prompt(ctx)]
+
+
+def _init_plugins(init: dict[str, Any]) -> list[dict[str, Any]] | None:
+    plugins = init.get("plugins")
+    if not isinstance(plugins, list):
+        return None
+    return [p for p in plugins if isinstance(p, dict)]
+
+
+def plugin_sources(init: dict[str, Any]) -> list[str] | None:
+    """Every plugin an ``init`` event says was loaded, as ``name@source`` (builtins included)."""
+    plugins = _init_plugins(init)
+    if plugins is None:
+        return None
+    return sorted(str(p.get("source") or p.get("name")) for p in plugins)
+
+
+def lock_plugins_loaded(init: dict[str, Any]) -> list[str] | None:
+    """Names of the loaded plugins that came from the lock's folder; None if the CLI said nothing."""
+    plugins = _init_plugins(init)
+    if plugins is None:
+        return None
+    return sorted(
+        str(p.get("name"))
+        for p in plugins
+        if str(p.get("path", "")).startswith(f"{PLUGINS_MOUNT}/")
+    )
 
 
 def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
@@ -237,6 +280,8 @@ class StreamJson:
                     "model": event.get("model"),
                     "tools": sorted(str(t) for t in tools) if isinstance(tools, list) else None,
                     "skills": event.get("skills"),
+                    "plugins": plugin_sources(event),
+                    "slash_commands": event.get("slash_commands"),
                     "permission_mode": event.get("permissionMode"),
                     "session_id": event.get("session_id"),
                 }
@@ -345,6 +390,7 @@ def fingerprint(
         **digests,
         "model_requested": init.get("model"),
         "permission_mode": init.get("permissionMode"),
+        "plugins_loaded": lock_plugins_loaded(init),
         "reported_by_cli": reported_by_cli(
             cli_version=reported_version,
             model=stream.first_model or init.get("model"),
@@ -405,8 +451,8 @@ class ClaudeCodeAgent(Agent):
     def run(self, ctx: AgentContext) -> AgentRun:
         binary = find_cli(CLI, INSTALL_HINT)
         home = scratch_dir(ctx.out_dir / "home")
-        # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/
-        # (plugins/ beside them is placed, not loaded: see the module docstring).
+        # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/;
+        # plugins/ beside them loads only through argv_for's --plugin-dir.
         digests = place_lock_files(ctx, home / ".claude", "CLAUDE.md")
         argv = argv_for(ctx, binary)
         stream = StreamJson()

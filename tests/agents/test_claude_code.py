@@ -53,6 +53,21 @@ def make_lock(
     return freeze_cli_lock(tmp_path, name, agent, MODEL, approvals="full-auto", **extra)
 
 
+PLUGIN = "hangar-tools"
+
+
+def plugin_lock(tmp_path: Path) -> HarnessLock:
+    """``make_lock``'s harness plus one plugin, ``hangar-tools``, with a ``/greet`` command."""
+    src = make_lock(tmp_path, "claude-plugged").path.parent.parent / "claude-plugged-src"
+    plugin = src / "plugins" / PLUGIN
+    (plugin / ".claude-plugin").mkdir(parents=True)
+    (plugin / ".claude-plugin" / "plugin.json").write_text(json.dumps({"name": PLUGIN}))
+    (plugin / "commands").mkdir()
+    (plugin / "commands" / "greet.md").write_text("---\ndescription: Say hello.\n---\nSay hello.\n")
+    (src / "plugins" / "notes.txt").write_text("not a plugin\n")
+    return freeze(src, tmp_path / "registry")
+
+
 def fix_calc_script() -> Script:
     return Script(
         [
@@ -139,6 +154,14 @@ def test_argv_carries_the_locks_settings(tmp_path: Path) -> None:
     assert argv[-2] == "--" and argv[-1].startswith("-Fix it.") and "make check" in argv[-1]
 
 
+def test_argv_names_each_plugin_folder(tmp_path: Path) -> None:
+    ctx = cli_context(tmp_path, plugin_lock(tmp_path), tmp_path, MODEL)
+    argv = argv_for(ctx, Path("/opt/claude"))
+    # One --plugin-dir per plugin folder, at the sandbox path it is placed at; loose files skipped.
+    dirs = [argv[i + 1] for i, a in enumerate(argv[:-2]) if a == "--plugin-dir"]
+    assert dirs == [f"/hangar-home/.claude/plugins/{PLUGIN}"]
+
+
 def test_install_mounts_cover_the_npm_prefix(claude_bin: Path) -> None:
     mounts = install_mounts(claude_bin)
     prefix = claude_bin.parents[2]  # <prefix>/node_modules/.bin/claude
@@ -195,6 +218,27 @@ def test_real_claude_code_edits_the_clone_through_the_proxy(
     assert SECRET not in json.dumps(run.events) + json.dumps(run.fingerprint) + run.output_tail
     # The harness files stayed out of the repo.
     assert "CLAUDE.md" not in patch and "SKILL.md" not in patch
+
+
+def test_real_claude_code_loads_the_locks_plugin(
+    claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    lock = plugin_lock(tmp_path)
+    clone, _base = make_clone(tmp_path)
+    script = Script([Reply(text="Nothing to change.")])
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)
+        run = get_agent("claude-code").run(cli_context(tmp_path, lock, clone, MODEL))
+    assert run.error is None, run.output_tail
+    # The CLI itself said it loaded the plugin and its command.
+    (init,) = [e for e in run.events if e["type"] == "init"]
+    assert f"{PLUGIN}@inline" in init["plugins"]
+    assert f"{PLUGIN}:greet" in init["slash_commands"]
+    assert run.fingerprint["plugins_loaded"] == [PLUGIN]
+    assert run.fingerprint["plugins_digest"] == tree_digest(lock.plugins_dir)
 
 
 MEDIAN_FIX = (
