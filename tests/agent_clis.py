@@ -55,6 +55,23 @@ def _installed_version(prefix: Path, package: str) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def _install(argv: list[str], what: str, offline: re.Pattern[str], scratch: Path) -> str:
+    """Run an install command; its output. On failure ``scratch`` is removed and the test skips
+    (the registry is unreachable) or fails (anything else)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(scratch, ignore_errors=True)
+        pytest.skip(f"{what} did not finish in {INSTALL_TIMEOUT_S}s")
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if found := offline.search(output):
+            pytest.skip(f"{what}: cannot reach the registry: {found.group(0)}")
+        pytest.fail(f"{what} failed:\n{output[-3000:]}")
+    return output
+
+
 def ensure_npm_cli(package: str, version: str, binary: str) -> Path:
     """``binary`` of ``package@version`` installed with npm under the test cache; its path."""
     npm = shutil.which("npm")
@@ -71,35 +88,13 @@ def ensure_npm_cli(package: str, version: str, binary: str) -> Path:
         staging = prefix.with_name(f"{prefix.name}.installing")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        try:
-            done = subprocess.run(
-                [
-                    npm,
-                    "install",
-                    "--prefix",
-                    str(staging),
-                    "--no-audit",
-                    "--no-fund",
-                    "--loglevel=error",
-                    f"{package}@{version}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(staging, ignore_errors=True)
-            pytest.skip(f"npm could not install {package}@{version} in {INSTALL_TIMEOUT_S}s")
-        output = done.stdout + done.stderr
-        if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            found = OFFLINE.search(output)
-            if found:
-                pytest.skip(
-                    f"npm cannot reach the registry to install {package}@{version}: "
-                    f"{found.group(0)}"
-                )
-            pytest.fail(f"npm install {package}@{version} failed:\n{output[-3000:]}")
+        output = _install(
+            [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund"]
+            + ["--loglevel=error", f"{package}@{version}"],
+            f"npm install {package}@{version}",
+            OFFLINE,
+            staging,
+        )
         if _installed_version(staging, package) != version:
             shutil.rmtree(staging, ignore_errors=True)
             pytest.fail(f"npm install {package}@{version} left another version:\n{output[-3000:]}")
@@ -140,35 +135,13 @@ def ensure_pip_cli(package: str, version: str, binary: str) -> Path:
         # The base interpreter, not this venv's: the sandbox shows sys.base_prefix read-only.
         python = getattr(sys, "_base_executable", sys.executable)
         subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True)
-        try:
-            done = subprocess.run(
-                [
-                    str(venv / "bin" / "python"),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "--quiet",
-                    f"{package}=={version}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(venv, ignore_errors=True)
-            pytest.skip(f"pip could not install {package}=={version} in {INSTALL_TIMEOUT_S}s")
-        output = done.stdout + done.stderr
-        if done.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            found = PIP_OFFLINE.search(output)
-            if found:
-                pytest.skip(
-                    f"pip cannot reach the registry to install {package}=={version}: "
-                    f"{found.group(0)}"
-                )
-            pytest.fail(f"pip install {package}=={version} failed:\n{output[-3000:]}")
+        _install(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+            + ["--no-input", "--quiet", f"{package}=={version}"],
+            f"pip install {package}=={version}",
+            PIP_OFFLINE,
+            venv,
+        )
         if not exe.exists():
             pytest.fail(f"{package}=={version} installed but has no {binary} in {exe.parent}")
         marker.write_text(f"{package}=={version}")

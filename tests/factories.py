@@ -132,6 +132,12 @@ def trial(
     return TrialRecord(**(fields | kw))
 
 
+def attempt_of(experiment_id: str, key: str, n: int, **kw: Any) -> TrialRecord:
+    """Attempt ``n`` of trial key ``variant/task/replicate`` in ``experiment_id``."""
+    variant, task, rep = key.split("/")
+    return trial(variant, task, int(rep), n, experiment_id=experiment_id, **kw)
+
+
 def grade(
     variant: str = "base",
     task: str = "t1",

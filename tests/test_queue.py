@@ -37,11 +37,7 @@ def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
 
 
 def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
-    variant, task, rep = key.split("/")
-    at = kw.pop("finished_at", AT_NIGHT)
-    return f.trial(
-        variant, task, int(rep), n, experiment_id=exp.experiment_id, finished_at=at, **kw
-    )
+    return f.attempt_of(exp.experiment_id, key, n, **{"finished_at": AT_NIGHT, **kw})
 
 
 def test_pending_lists_untried_keys_and_allowed_retries(exp: ResolvedExperiment) -> None:

@@ -31,11 +31,7 @@ def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
 
 
 def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
-    variant, task, rep = key.split("/")
-    at = kw.pop("finished_at", AT)
-    return f.trial(
-        variant, task, int(rep), n, experiment_id=exp.experiment_id, finished_at=at, **kw
-    )
+    return f.attempt_of(exp.experiment_id, key, n, **{"finished_at": AT, **kw})
 
 
 def dead_pid() -> int:
