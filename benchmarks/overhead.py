@@ -63,11 +63,11 @@ def make_spec(work: Path, trials: int) -> Path:
 
 def _pool_trial(args: tuple[str, str, int]) -> float:
     """In a worker process: one trial and its grade; returns their own work in seconds."""
-    from hangar_dagster.config import HangarPaths
+    from hangar_dagster.experiment.plan import TrialKey
+    from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.grading.grader import grade_trial
-    from hangar_dagster.plan import TrialKey
-    from hangar_dagster.submit import load_resolved
-    from hangar_dagster.trial import TrialRequest, run_trial
+    from hangar_dagster.settings import HangarPaths
+    from hangar_dagster.trials.trial import TrialRequest, run_trial
 
     home, experiment_id, rep = args
     paths = HangarPaths(Path(home))
@@ -81,9 +81,9 @@ def _pool_trial(args: tuple[str, str, int]) -> float:
 
 
 def run_pool(spec: Path, home: Path, trials: int) -> tuple[float, list[float], float]:
-    from hangar_dagster.config import HangarPaths
+    from hangar_dagster.experiment.submit import submit
     from hangar_dagster.grading.grader import check_base
-    from hangar_dagster.submit import submit
+    from hangar_dagster.settings import HangarPaths
 
     paths = HangarPaths(home)
     start = time.perf_counter()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hangar_dagster.harness import freeze
+from hangar_dagster.experiment.harness import freeze
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"

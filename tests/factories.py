@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from hangar_dagster.config import paths
-from hangar_dagster.records import (
+from hangar_dagster.results.records import (
     BaseCheckRecord,
     ExperimentPinRecord,
     ExperimentRecord,
@@ -18,7 +17,8 @@ from hangar_dagster.records import (
     PinSetRecord,
     TrialRecord,
 )
-from hangar_dagster.store import Store
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import paths
 
 T0 = dt.datetime(2025, 3, 4, 1, 2, 3, tzinfo=dt.UTC)
 EXP = "exp-0001"

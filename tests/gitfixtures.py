@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hangar_dagster.gitrepo import git, isolated_clone
+from hangar_dagster.util.gitrepo import git, isolated_clone
 
 CALC = "def add(a, b):\n    return a - b\n"
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hangar_dagster.agents.standin_main import (
+from hangar_dagster.experiment.harness import freeze, load_lock
+from hangar_dagster.experiment.plan import TrialKey
+from hangar_dagster.experiment.spec import ExperimentSpec, load_spec
+from hangar_dagster.standins.agent_main import (
     Session,
     decide,
     decide_retry,
     load_playbook,
     solve_rate,
 )
-from hangar_dagster.gitrepo import GitError, apply_patch, git, isolated_clone
-from hangar_dagster.harness import freeze, load_lock
-from hangar_dagster.plan import TrialKey
-from hangar_dagster.spec import ExperimentSpec, load_spec
+from hangar_dagster.util.gitrepo import GitError, apply_patch, git, isolated_clone
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "skills-ab"
 TASKS = ("median", "slugify", "durations")

@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hangar_dagster.harness import freeze
+from hangar_dagster.experiment.harness import freeze
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "harness-src"

@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hangar_dagster.gitrepo import git
+from hangar_dagster.util.gitrepo import git
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"

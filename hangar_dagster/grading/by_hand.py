@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hangar_dagster.canary import mask
-from hangar_dagster.config import HangarPaths
-from hangar_dagster.gitrepo import changed_files
+from hangar_dagster.experiment.spec import load_spec
 from hangar_dagster.grading.grader import grade_trust, grader_runner, run_grader
 from hangar_dagster.grading.signals import tamper_signals, touched_tests
-from hangar_dagster.spec import load_spec
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.canary import mask
+from hangar_dagster.util.gitrepo import changed_files
 
 
 class PatchFileError(ValueError):
@@ -44,7 +44,7 @@ def read_patch_file(path: Path) -> str:
 
 def grade_by_hand(spec_path: Path, task_id: str, patch: str, paths: HangarPaths) -> dict[str, Any]:
     """Grade ``patch`` ("" for the base) on ``task_id`` of the spec; a JSON-able grade summary."""
-    from hangar_dagster.submit import resolve
+    from hangar_dagster.experiment.submit import resolve
 
     experiment = resolve(load_spec(spec_path), spec_path)
     if task_id not in experiment.tasks:

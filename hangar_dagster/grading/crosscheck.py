@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangar_dagster.grading.junit import JunitResult
-from hangar_dagster.sandbox import RunAs
+from hangar_dagster.trials.sandbox import RunAs
 
 _SHOWN = 5  # test ids named in one reason
 # What a test itself raises to skip or xfail (pytest.skip / pytest.xfail): not a failure.

@@ -28,19 +28,25 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from hangar_dagster.canary import mask
-from hangar_dagster.config import HangarPaths
-from hangar_dagster.digests import sha256_json
-from hangar_dagster.fsutil import remove_tree, write_atomic
-from hangar_dagster.gitrepo import GitError, apply_patch, changed_files, isolated_clone
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.spec import Grader
 from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
 from hangar_dagster.grading.junit import MAX_BYTES, JunitResult, parse_junit_bytes, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
-from hangar_dagster.plan import ResolvedExperiment
-from hangar_dagster.records import BaseCheckRecord, GradeRecord, NoteRecord, TrialRecord, Trust
-from hangar_dagster.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
-from hangar_dagster.sandbox._common import Capture
-from hangar_dagster.spec import Grader
+from hangar_dagster.results.records import (
+    BaseCheckRecord,
+    GradeRecord,
+    NoteRecord,
+    TrialRecord,
+    Trust,
+)
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.canary import mask
+from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
+from hangar_dagster.trials.sandbox._common import Capture
+from hangar_dagster.util.digests import sha256_json
+from hangar_dagster.util.fs import remove_tree, write_atomic
+from hangar_dagster.util.gitrepo import GitError, apply_patch, changed_files, isolated_clone
 
 Runner = Literal["hangar-grade", "command"]
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from hangar_dagster.gitrepo import changed_files
+from hangar_dagster.util.gitrepo import changed_files
 
 # Files that run code or change options when pytest or Python starts, wherever they sit.
 _HOOK_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini"}

@@ -9,7 +9,7 @@ from typing import Any
 
 from grading_builders import experiment
 
-from hangar_dagster.plan import ResolvedExperiment
+from hangar_dagster.experiment.plan import ResolvedExperiment
 
 BUGGY_CALC = "def add(a, b):\n    return a - b\n"
 FIXED_CALC = "def add(a, b):\n    return a + b\n"

@@ -25,10 +25,10 @@ from adv_fixture import (  # noqa: E402
 )
 from grading_builders import commit_all  # noqa: E402
 
-from hangar_dagster.config import HangarPaths  # noqa: E402
-from hangar_dagster.gitrepo import git, take_patch  # noqa: E402
 from hangar_dagster.grading.grader import check_base  # noqa: E402
-from hangar_dagster.records import BaseCheckRecord  # noqa: E402
+from hangar_dagster.results.records import BaseCheckRecord  # noqa: E402
+from hangar_dagster.settings import HangarPaths  # noqa: E402
+from hangar_dagster.util.gitrepo import git, take_patch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

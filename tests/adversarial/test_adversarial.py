@@ -19,9 +19,9 @@ import pytest
 from adv_fixture import Fixture
 from cases import CASES, Case
 
-from hangar_dagster.config import HangarPaths
 from hangar_dagster.grading.grader import grade_trial
-from hangar_dagster.records import BaseCheckRecord, GradeRecord
+from hangar_dagster.results.records import BaseCheckRecord, GradeRecord
+from hangar_dagster.settings import HangarPaths
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 TRUST = "isolated" if os.geteuid() == 0 else "best_effort"

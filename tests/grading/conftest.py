@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from grading_builders import BUGGY, VISIBLE_TEST, PatchMaker, commit_all, write
 
-from hangar_dagster.gitrepo import git, take_patch
+from hangar_dagster.util.gitrepo import git, take_patch
 
 
 @pytest.fixture

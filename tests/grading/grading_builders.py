@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hangar_dagster.canary import new_canary
-from hangar_dagster.gitrepo import git
+from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
+from hangar_dagster.experiment.spec import Environment, ExperimentSpec
 from hangar_dagster.grading.grader import grader_digest
-from hangar_dagster.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
-from hangar_dagster.spec import Environment, ExperimentSpec
+from hangar_dagster.trials.canary import new_canary
+from hangar_dagster.util.gitrepo import git
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"

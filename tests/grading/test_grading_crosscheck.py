@@ -7,7 +7,7 @@ import json
 from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
 from hangar_dagster.grading.junit import parse_junit_bytes
 from hangar_dagster.grading.signals import tamper_signals
-from hangar_dagster.sandbox import RunAs
+from hangar_dagster.trials.sandbox import RunAs
 
 
 def junit(*cases: str) -> bytes:

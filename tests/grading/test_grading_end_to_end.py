@@ -12,11 +12,11 @@ import factories
 import pytest
 from grading_builders import FIXED, HIDDEN, HIDDEN_WEAK, PatchMaker, experiment
 
-from hangar_dagster.canary import MASK
-from hangar_dagster.config import HangarPaths, paths
+from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.grading.grader import base_check_log, check_base, grade_trial, run_grader
-from hangar_dagster.plan import ResolvedExperiment
-from hangar_dagster.records import BaseCheckRecord, TrialRecord
+from hangar_dagster.results.records import BaseCheckRecord, TrialRecord
+from hangar_dagster.settings import HangarPaths, paths
+from hangar_dagster.trials.canary import MASK
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 

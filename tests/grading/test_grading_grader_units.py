@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from grading_builders import HIDDEN, experiment
 
+from hangar_dagster.experiment.spec import Grader
 from hangar_dagster.grading.grader import (
     grade_trust,
     grader_digest,
@@ -16,7 +17,6 @@ from hangar_dagster.grading.grader import (
     with_canary,
     write_hidden_files,
 )
-from hangar_dagster.spec import Grader
 
 CANARY = "HANGAR-CANARY-feedface"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from grading_builders import FIXED, HIDDEN, PatchMaker, experiment
 
-from hangar_dagster.config import HangarPaths, paths
 from hangar_dagster.grading import grader
 from hangar_dagster.grading.grader import run_grader, tree_digest, write_hidden_files
-from hangar_dagster.sandbox import Sandbox, SandboxRequest, SandboxResult, get_sandbox
+from hangar_dagster.settings import HangarPaths, paths
+from hangar_dagster.trials.sandbox import Sandbox, SandboxRequest, SandboxResult, get_sandbox
 
 Change = Callable[[Path], None]
 

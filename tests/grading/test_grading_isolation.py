@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from grading_builders import experiment
 
-from hangar_dagster.config import HangarPaths, paths
 from hangar_dagster.grading.grader import run_grader
+from hangar_dagster.settings import HangarPaths, paths
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 

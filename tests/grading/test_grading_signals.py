@@ -6,8 +6,8 @@ from pathlib import Path
 
 from grading_builders import PatchMaker, commit_all, write
 
-from hangar_dagster.gitrepo import git, take_patch
 from hangar_dagster.grading.signals import canary_hits, file_diffs, tamper_signals, touched_tests
+from hangar_dagster.util.gitrepo import git, take_patch
 
 # Long enough that a change deep in a section shows no section header in its hunk.
 PYPROJECT = """[project]

@@ -1,0 +1,85 @@
+"""Pin sets: the content-addressed record of everything a variant's trials run with.
+
+``pin-<hash>`` is a hash over the harness lock and its digest, the environment
+digest, the concrete model, every task's base SHA, the grader digest, the
+egress policy, and the two halves a trial's drift is checked against: the
+turn-1 fingerprint the lock must report and the environment's fields
+(``drift.harness_fingerprint`` / ``drift.environment_pins``). Same inputs,
+same id; any change, a new id. The store refuses
+to overwrite a stored pin set with other content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hangar_dagster.experiment.drift import environment_pins, harness_fingerprint
+from hangar_dagster.experiment.harness import HarnessLock
+from hangar_dagster.experiment.model_policy import floating_reason
+from hangar_dagster.experiment.spec import Environment
+from hangar_dagster.results.records import PinSetRecord, utcnow
+from hangar_dagster.util.digests import sha256_json
+
+
+def environment_digest(environment: Environment) -> str:
+    return "sha256:" + sha256_json(environment.model_dump(mode="json"))
+
+
+def pin_content(
+    *,
+    harness_lock: str,
+    harness_digest: str,
+    environment_digest: str,
+    model: str,
+    task_bases: dict[str, str],
+    grader_digest: str,
+    egress: str,
+    model_concrete_basis: str | None = None,
+    harness_fingerprint: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "harness_lock": harness_lock,
+        "harness_digest": harness_digest,
+        "environment_digest": environment_digest,
+        "model": model,
+        "model_concrete": floating_reason(model) is None,
+        "model_concrete_basis": model_concrete_basis,
+        "task_bases": dict(sorted(task_bases.items())),
+        "grader_digest": grader_digest,
+        "egress": egress,
+        "harness_fingerprint": harness_fingerprint or {},
+        "environment": environment or {},
+    }
+
+
+def lock_pin_content(
+    lock: HarnessLock,
+    environment: Environment,
+    *,
+    model: str,
+    model_concrete_basis: str | None,
+    task_bases: dict[str, str],
+    grader_digest: str,
+) -> dict[str, Any]:
+    """A variant's pins from its verified lock and environment (submit and the pin_sets asset)."""
+    return pin_content(
+        harness_lock=lock.ref,
+        harness_digest=lock.digest,
+        environment_digest=environment_digest(environment),
+        model=model,
+        task_bases=task_bases,
+        grader_digest=grader_digest,
+        egress=environment.egress.mode,
+        model_concrete_basis=model_concrete_basis,
+        harness_fingerprint=harness_fingerprint(lock, model),
+        environment=environment_pins(environment),
+    )
+
+
+def pin_set_id(content: dict[str, Any]) -> str:
+    return "pin-" + sha256_json(content)[:20]
+
+
+def pin_set_record(content: dict[str, Any]) -> PinSetRecord:
+    return PinSetRecord(pin_set=pin_set_id(content), created_at=utcnow(), **content)

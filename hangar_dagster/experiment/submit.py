@@ -1,0 +1,388 @@
+"""Submit: check a spec against the world, pin every reference, and store the resolved experiment.
+
+``resolve`` collects every problem (unreachable repo, unknown base, missing
+harness lock, floating model, unreadable hidden tests, unsupported egress)
+and raises one ``SpecError`` listing them all; nothing is written then.
+``submit`` writes the resolved experiment atomically, then its row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+from hangar_dagster.experiment.harness import (
+    CLI_PINS,
+    CliPins,
+    HarnessError,
+    load_lock,
+    read_cli_pins,
+)
+from hangar_dagster.experiment.model_policy import ModelCatalog, ModelListError
+from hangar_dagster.experiment.overlay import (
+    OVERLAYS,
+    OverlayError,
+    OverlayTarget,
+    deprecation_note,
+)
+from hangar_dagster.experiment.overlay import build as build_overlay
+from hangar_dagster.experiment.pins import environment_digest, lock_pin_content, pin_set_id
+from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
+from hangar_dagster.experiment.spec import ExperimentSpec, Problem, SpecError, Task, load_spec
+from hangar_dagster.grading.grader import grader_digest
+from hangar_dagster.queue.budget import projection_note, submit_problems
+from hangar_dagster.results.records import ExperimentRecord, NoteRecord, utcnow
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.canary import new_canary
+from hangar_dagster.trials.redact import redact
+from hangar_dagster.util.digests import sha256_json
+from hangar_dagster.util.gitrepo import GitError, repo_location, resolve_base
+
+RESOLVED = "resolved.json"
+MAX_HIDDEN_BYTES = 2_000_000
+
+
+def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]) -> dict[str, str]:
+    if task.hidden_tests is None:
+        return {}
+    if isinstance(task.hidden_tests, dict):
+        return dict(task.hidden_tests)
+    root = (spec_dir / task.hidden_tests).resolve()
+    if not root.is_dir():
+        problems.append(
+            Problem(
+                path=f"{where}.hidden_tests",
+                message=f"{root} is not a directory",
+                fix="point it at the folder of hidden test files, relative to the spec",
+            )
+        )
+        return {}
+    files: dict[str, str] = {}
+    total = 0
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            data = path.read_text()
+            total += len(data)
+            files[path.relative_to(root).as_posix()] = data
+    if not files or total > MAX_HIDDEN_BYTES:
+        problems.append(
+            Problem(
+                path=f"{where}.hidden_tests",
+                message=f"{root} holds {'no files' if not files else f'{total} bytes'}",
+                fix=f"put 1 to {MAX_HIDDEN_BYTES} bytes of test files there",
+            )
+        )
+    return files
+
+
+def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Problem]) -> str | None:
+    ref = task.reference_patch
+    if ref is None or "\n" in ref.strip():
+        return ref
+    path = (spec_dir / ref).resolve()
+    try:
+        text = path.read_text()
+    except OSError:
+        problems.append(
+            Problem(
+                path=f"{where}.reference_patch",
+                message=f"cannot read {path}",
+                fix="give a diff file relative to the spec, or the diff text itself",
+            )
+        )
+        return None
+    if "diff --git" not in text and not text.startswith("---"):
+        problems.append(
+            Problem(
+                path=f"{where}.reference_patch",
+                message=f"{path} is not a diff",
+                fix="write it with `git diff`",
+            )
+        )
+    return text
+
+
+def _harness_registry(spec: ExperimentSpec, spec_dir: Path) -> Path | None:
+    if spec.harness_repo:
+        return (spec_dir / spec.harness_repo).resolve()
+    env = os.environ.get("HANGAR_HARNESS_REPO")
+    return Path(env).resolve() if env else None
+
+
+def new_experiment_id(name: str) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{secrets.token_hex(4)}"
+
+
+def resolve(
+    spec: ExperimentSpec,
+    spec_path: Path,
+    *,
+    require_concrete: bool = False,
+    experiment_id: str | None = None,
+    overlays: OverlayTarget | None = None,
+) -> ResolvedExperiment:
+    """Pin everything ``spec`` points at; ``require_concrete`` (experiments) refuses model aliases.
+
+    Ordinary jobs (``hangar grade``) resolve without it: an alias stays, recorded as not concrete.
+    Overlay variants are built into ``overlays`` (submit: the experiment's directory); without
+    it they are built in a temporary directory, only to pin them.
+    """
+    with contextlib.ExitStack() as stack:
+        if overlays is None:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            overlays = OverlayTarget(build=scratch, final=scratch)
+        return _resolve(spec, spec_path, require_concrete, experiment_id, overlays)
+
+
+def _resolve(
+    spec: ExperimentSpec,
+    spec_path: Path,
+    require_concrete: bool,
+    experiment_id: str | None,
+    overlays: OverlayTarget,
+) -> ResolvedExperiment:
+    spec_dir = spec_path.resolve().parent
+    problems: list[Problem] = []
+
+    tasks: dict[str, ResolvedTask] = {}
+    for i, task in enumerate(spec.tasks):
+        where = f"tasks[{i}]"
+        repo = repo_location(task.repo, spec_dir)
+        try:
+            base_sha = resolve_base(repo, task.base)
+        except GitError as err:
+            problems.append(
+                Problem(
+                    path=f"{where}.base",
+                    message=str(err),
+                    fix="name a commit, tag or branch that exists in the repo",
+                )
+            )
+            base_sha = ""
+        hidden = _read_hidden(task, where, spec_dir, problems)
+        if not hidden and not spec.grader.files:
+            problems.append(
+                Problem(
+                    path=f"{where}.hidden_tests",
+                    message="the task has no hidden tests",
+                    fix="set hidden_tests, or grader.files for every task",
+                )
+            )
+        tasks[task.id] = ResolvedTask(
+            id=task.id,
+            instructions=task.instructions,
+            repo=repo,
+            base_sha=base_sha,
+            verify=task.verify,
+            reference_patch=_read_reference(task, where, spec_dir, problems),
+            hidden_files=hidden,
+        )
+
+    g_digest = grader_digest(spec.grader, {t.id: t.hidden_files for t in tasks.values()})
+    registry = _harness_registry(spec, spec_dir)
+    catalog = ModelCatalog.from_env()  # one per experiment: every policy resolves once
+    cli_pins: CliPins | None = None
+    if registry is not None:
+        try:
+            cli_pins = read_cli_pins(registry)
+        except HarnessError as err:
+            problems.append(
+                Problem(
+                    path="harness_repo",
+                    message=str(err),
+                    fix=f"fix {CLI_PINS} at the registry root (see docs/architecture.md)",
+                )
+            )
+    variants: dict[str, ResolvedVariant] = {}
+    for name, variant in spec.variants.items():
+        where = f"variants.{name}"
+        if variant.harness_lock is None:
+            try:  # the deprecated overlay: built into the experiment's own registry
+                lock = build_overlay(spec.name, name, variant, spec_dir, registry, overlays.build)
+            except OverlayError as err:
+                problems.append(err.problem)
+                continue
+        elif registry is None:
+            problems.append(
+                Problem(
+                    path="harness_repo",
+                    message="no harness registry is set",
+                    fix="set harness_repo in the spec or the HANGAR_HARNESS_REPO environment variable",
+                )
+            )
+            continue
+        else:
+            try:
+                lock = load_lock(registry, variant.harness_lock)
+            except HarnessError as err:
+                problems.append(
+                    Problem(
+                        path=f"{where}.harness_lock",
+                        message=str(err),
+                        fix="freeze the harness again and use the new name",
+                    )
+                )
+                continue
+        if cli_pins is not None and (pin_problem := cli_pins.problem(lock)):
+            problems.append(
+                Problem(path=f"{where}.harness_lock", message=pin_problem[0], fix=pin_problem[1])
+            )
+        try:
+            model = catalog.choose(lock.model, lock.adapter)
+        except ModelListError as err:
+            problems.append(
+                Problem(
+                    path=f"{where}.harness_lock",
+                    message=f"the lock's model: {err}",
+                    fix="name a concrete, dated model id in the lock, or fix the model list",
+                )
+            )
+            continue
+        if require_concrete and (refused := catalog.refusal(model.model, lock.adapter)):
+            field = "model" if variant.model is not None else "harness_lock"  # overlay or lock
+            problems.append(
+                Problem(path=f"{where}.{field}", message=refused.message, fix=refused.fix)
+            )
+        environment = variant.environment or spec.environment
+        if environment.egress.mode != "none":
+            problems.append(
+                Problem(
+                    path=f"{where}.environment.egress.mode",
+                    message=f"{environment.egress.mode!r} needs an egress proxy, which the local sandbox does not have",
+                    fix="use egress mode none on the local sandbox",
+                )
+            )
+        run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
+        env_digest = environment_digest(environment)
+        content = lock_pin_content(
+            lock,
+            environment,
+            model=model.model,
+            model_concrete_basis=model.basis,
+            task_bases={t: tasks[t].base_sha for t in run_tasks},
+            grader_digest=g_digest,
+        )
+        variants[name] = ResolvedVariant(
+            name=name,
+            harness_lock=lock.ref,
+            harness_digest=lock.digest,
+            # An overlay's lock is built in staging and lives in the experiment's directory.
+            harness_path=str(
+                overlays.final / lock.ref if variant.harness_lock is None else lock.path
+            ),
+            adapter=lock.adapter,
+            model=model.model,
+            model_requested=model.requested,
+            model_concrete_basis=model.basis,
+            model_note=model.note if model.basis == "pattern" else None,
+            environment=environment,
+            environment_digest=env_digest,
+            tasks=run_tasks,
+            pin_set=pin_set_id(content),
+            overlay=variant.harness_lock is None,
+        )
+    if problems:
+        raise SpecError(str(spec_path), problems)
+
+    canary = spec.grader.canary or new_canary()
+    pinned = spec.model_copy(update={"grader": spec.grader.model_copy(update={"canary": canary})})
+    return ResolvedExperiment(
+        experiment_id=experiment_id or new_experiment_id(spec.name),
+        name=spec.name,
+        author=spec.author or os.environ.get("USER") or getpass.getuser(),
+        spec_path=str(spec_path.resolve()),
+        submitted_at=utcnow(),
+        spec=pinned,
+        tasks=tasks,
+        variants=variants,
+        grader_digest=g_digest,
+    )
+
+
+def masked_spec_json(exp: ResolvedExperiment) -> str:
+    return str(redact(exp.spec.model_dump_json(exclude_none=True), exp.canary))
+
+
+def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
+    """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
+    spec = load_spec(spec_path)
+    experiment_id = new_experiment_id(spec.name)
+    store = Store(paths)
+    final = paths.experiment_dir(experiment_id)
+    # Overlay harnesses are built outside HANGAR_HOME (a refused spec writes nothing there),
+    # then moved into staging with resolved.json: the experiment's directory appears whole.
+    with tempfile.TemporaryDirectory(prefix="hangar-submit-") as scratch:
+        built = Path(scratch) / OVERLAYS
+        exp = resolve(
+            spec,
+            spec_path,
+            require_concrete=True,
+            experiment_id=experiment_id,
+            overlays=OverlayTarget(build=built, final=final / OVERLAYS),
+        )
+        n_trials = len(exp.trial_keys())
+        if problems := submit_problems(store, exp.spec, exp.author, n_trials, exp.submitted_at):
+            raise SpecError(str(spec_path), problems)
+        paths.experiments.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))
+        if built.is_dir():
+            shutil.move(built, staging / OVERLAYS)
+        (staging / RESOLVED).write_text(exp.model_dump_json(indent=2))
+        os.replace(staging, final)
+    spec_json = masked_spec_json(exp)
+    store.put(
+        ExperimentRecord(
+            experiment_id=exp.experiment_id,
+            name=exp.name,
+            author=exp.author,
+            submitted_at=exp.submitted_at,
+            spec_path=exp.spec_path,
+            spec_digest="sha256:" + sha256_json(spec_json),
+            spec_json=spec_json,
+            variants=list(exp.variants),
+            tasks=list(exp.tasks),
+            trials_per_task=exp.spec.trials,
+            trials_planned=len(exp.trial_keys()),
+            parallel=exp.spec.parallel,
+        )
+    )
+    if note := projection_note(exp.spec, n_trials):
+        store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))
+    for v in exp.variants.values():
+        if v.overlay:
+            store.put(deprecation_note(exp, v))
+    for v in exp.variants.values():
+        if v.model_note:
+            store.put(
+                NoteRecord(
+                    experiment_id=exp.experiment_id,
+                    kind="model",
+                    message=f"variant {v.name}: {v.model_note}",
+                )
+            )
+    return exp
+
+
+def load_resolved(paths: HangarPaths, experiment_id: str) -> ResolvedExperiment:
+    return ResolvedExperiment.model_validate_json(
+        (paths.experiment_dir(experiment_id) / RESOLVED).read_text()
+    )
+
+
+def stored_experiments(paths: HangarPaths) -> list[ResolvedExperiment]:
+    """Every submitted experiment, oldest first (the definitions are built from these)."""
+    if not paths.experiments.is_dir():
+        return []
+    found = [
+        load_resolved(paths, d.name)
+        for d in paths.experiments.iterdir()
+        if (d / RESOLVED).is_file()
+    ]
+    return sorted(found, key=lambda e: e.submitted_at)

@@ -1,0 +1,45 @@
+"""The Dagster entry point: ``dagster dev -w workspace.yaml`` and the CLI both load ``defs``.
+
+Definitions are a factory over stored experiments: every resolved spec under
+``HANGAR_HOME/experiments/`` becomes one asset group with its stage jobs.
+Project-wide rules (the resource, the driver sensor, the eval-window drain and
+each experiment's window-opening schedule) are applied here, in one place.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from hangar_dagster.experiment.submit import stored_experiments
+from hangar_dagster.orchestration.assets import build_experiment_assets
+from hangar_dagster.orchestration.jobs import build_experiment_jobs
+from hangar_dagster.orchestration.resources import HangarResource
+from hangar_dagster.orchestration.schedules import build_drain_schedule, build_open_schedule
+from hangar_dagster.orchestration.sensors import build_experiment_driver, drain_all
+from hangar_dagster.queue.window import window_from_env
+from hangar_dagster.settings import ensure_dagster_home, paths
+
+
+def build_definitions() -> dg.Definitions:
+    ensure_dagster_home()
+    p = paths()
+    assets: list[dg.AssetsDefinition] = []
+    jobs: list[dg.UnresolvedAssetJobDefinition] = []
+    window = window_from_env()
+    schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
+    for exp in stored_experiments(p):
+        group = build_experiment_assets(exp)
+        assets += group
+        experiment_jobs = build_experiment_jobs(exp, group)
+        jobs += experiment_jobs
+        schedules += build_open_schedule(exp, experiment_jobs, str(p.home), window)
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        sensors=[build_experiment_driver(jobs, str(p.home), window)] if jobs else [],
+        schedules=schedules,
+        resources={"hangar": HangarResource(home=str(p.home))},
+    )
+
+
+defs = build_definitions()

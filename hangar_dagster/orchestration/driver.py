@@ -1,0 +1,106 @@
+"""Driving an experiment through its stages as real Dagster runs.
+
+``stage_tags`` says which partitions a stage's run covers (all of them, in one
+run) and, for trials, that it is eval-queue work. ``run_stages`` executes the
+stages in this process against the shared instance (``hangar experiment run
+--wait``): the setup stages once, then trials runs while the queue has work
+for the experiment (waiting for the eval window when it is closed), then the
+index. The ``experiment_driver`` sensor walks the same stages through the
+daemon instead (no ``--wait``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+
+import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.orchestration.assets import job_name, partitions
+from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG, blocker, pending
+from hangar_dagster.queue.window import window_from_env
+from hangar_dagster.results.store import Store
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+DEFINITIONS_MODULE = "hangar_dagster.orchestration.definitions"
+SETUP_STAGES = ("spec", "pin_sets", "base_checks")
+# The CLI shows trial progress at INFO; step-level DEBUG events stay in the UI's run log.
+QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+def stage_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
+    variants_def, tasks_def, trials_def = partitions(exp)
+    by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
+    part = by_stage.get(stage)
+    if part is None:
+        return {}
+    keys = part.get_partition_keys()
+    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    if stage == "trials":
+        tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
+    return tags
+
+
+class StageFailed(RuntimeError):
+    def __init__(self, stage: str, run_id: str):
+        super().__init__(
+            f"stage {stage} failed in Dagster run {run_id}; `hangar ui` shows its logs"
+        )
+        self.stage = stage
+        self.run_id = run_id
+
+
+def run_stages(
+    exp: ResolvedExperiment,
+    instance: dg.DagsterInstance,
+    store: Store,
+    say: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """Execute the experiment's stage jobs in this process until the queue has nothing it may run."""
+    repo = ReconstructableRepository.for_module(DEFINITIONS_MODULE, "defs")
+    run_ids: list[str] = []
+
+    def execute(stage: str) -> None:
+        job = repo.get_reconstructable_job(job_name(exp, stage))
+        result = dg.execute_job(
+            job, instance, run_config=QUIET, tags=stage_tags(exp, stage), raise_on_error=False
+        )
+        run_ids.append(result.run_id)
+        if not result.success:
+            raise StageFailed(stage, result.run_id)
+
+    for stage in SETUP_STAGES:
+        execute(stage)
+    window = window_from_env()
+    while work := pending(exp, store):
+        why = blocker(exp, store, window, dt.datetime.now(dt.UTC))
+        if why and why.startswith("eval_window"):
+            say(f"waiting ({len(work.keys)} trials): {why}")
+            sleep(
+                min(
+                    60.0,
+                    max(
+                        1.0,
+                        (
+                            window.next_open(dt.datetime.now(dt.UTC)) - dt.datetime.now(dt.UTC)
+                        ).total_seconds(),
+                    ),
+                )
+            )
+            continue
+        if why:
+            say(f"not starting {len(work.keys)} trials: {why}")
+            break
+        before = len(store.trials(exp.experiment_id, all_attempts=True))
+        execute("trials")
+        if len(store.trials(exp.experiment_id, all_attempts=True)) == before:
+            break  # nothing could start (e.g. the window closed as the run began): don't spin
+    for note in pending(exp, store).notes:
+        say(note)
+    execute("index")
+    return run_ids

@@ -1,0 +1,201 @@
+"""Sensors: the daemon-side driver that walks submitted experiments through their stages.
+
+It launches the setup stages once, then a trials run whenever the eval queue
+has work for the experiment and nothing blocks it (new keys, and infra-error
+retries within the retry rules: this is the infra-retry sensor), and the index
+after each trials run. At most one run of an experiment is in flight at a time.
+
+When the window opens, the trials of an experiment that was already waiting
+belong to the window's opening schedule (schedules.py) for ``OPEN_GRACE``; the
+driver starts them only if no trials run began since the opening by then (the
+daemon was down at the opening), and says so in its skip reason meanwhile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.submit import stored_experiments
+from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE, job_name
+from hangar_dagster.orchestration.driver import SETUP_STAGES, stage_tags
+from hangar_dagster.queue.drain import request_drain
+from hangar_dagster.queue.starts import blocker, pending, schedule_grace
+from hangar_dagster.queue.window import EvalWindow
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths
+
+DAEMON_MARKER = "drive-by-daemon"  # written by `hangar experiment run` without --wait
+IN_FLIGHT = frozenset(
+    {
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+        dg.DagsterRunStatus.CANCELING,
+    }
+)
+
+StageRuns = dict[str, list[dg.RunRecord]]  # stage -> its runs, newest first
+
+
+@dataclass
+class Decisions:
+    requests: list[dg.RunRequest] = field(default_factory=list)
+    waiting: list[str] = field(
+        default_factory=list
+    )  # "<experiment>: <reason>", shown as the skip reason
+
+
+def daemon_driven(paths: HangarPaths, exp: ResolvedExperiment) -> bool:
+    return (paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists()
+
+
+def stage_runs(instance: dg.DagsterInstance, exp: ResolvedExperiment) -> StageRuns:
+    by_stage: StageRuns = {}
+    records = instance.get_run_records(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id}))
+    for record in records:  # newest first
+        by_stage.setdefault(record.dagster_run.tags.get(TAG_STAGE, ""), []).append(record)
+    return by_stage
+
+
+def in_flight(runs: StageRuns) -> dg.RunRecord | None:
+    return next((r for rs in runs.values() for r in rs if r.dagster_run.status in IN_FLIGHT), None)
+
+
+def describe_run(record: dg.RunRecord) -> str:
+    """``its <stage> run <id> is <STATUS> since <when> UTC`` (started, else created)."""
+    run = record.dagster_run
+    since = (
+        dt.datetime.fromtimestamp(record.start_time, dt.UTC)
+        if record.start_time is not None
+        else record.create_timestamp
+    )
+    return (
+        f"its {run.tags.get(TAG_STAGE, '?')} run {run.run_id} is {run.status.value} "
+        f"since {since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    )
+
+
+def busy_reason(record: dg.RunRecord) -> str:
+    """Why an experiment waits for its run in flight.
+
+    A run whose worker died can stay in flight until Dagster's run monitoring or a person ends
+    it (docs/operations.md), so the wait names the run and how to end it instead of being silent.
+    """
+    return (
+        f"in_flight: {describe_run(record)}; the next run starts when it ends "
+        "(if its worker is gone, terminate it in the Dagster UI)"
+    )
+
+
+def setup_gap(runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
+    """The first setup stage whose latest run did not succeed, with that run (None: never ran)."""
+    for stage in SETUP_STAGES:
+        done = runs.get(stage, [])
+        if not done:
+            return stage, None
+        if done[0].dagster_run.status != dg.DagsterRunStatus.SUCCESS:
+            return stage, done[0]
+    return None
+
+
+def started_since(runs: list[dg.RunRecord], at: dt.datetime | None) -> bool:
+    return at is not None and any(r.create_timestamp >= at for r in runs)
+
+
+def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
+    return dg.RunRequest(
+        run_key=f"{exp.experiment_id}:{stage}:{n}",
+        job_name=job_name(exp, stage),
+        tags=stage_tags(exp, stage),
+    )
+
+
+def decide(
+    instance: dg.DagsterInstance, paths: HangarPaths, window: EvalWindow, now: dt.datetime
+) -> Decisions:
+    """For each daemon-driven experiment, the next run it needs, or why it waits."""
+    out = Decisions()
+    store = Store(paths)
+    for exp in stored_experiments(paths):
+        if not daemon_driven(paths, exp):
+            continue
+        runs = stage_runs(instance, exp)
+        busy = in_flight(runs)
+        if busy is not None:
+            out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
+            continue
+        gap = setup_gap(runs)
+        if gap is not None:
+            stage, last = gap
+            if last is None:
+                out.requests.append(_request(exp, stage, 1))
+            # else it failed: a person looks before anything else starts
+            continue
+        trials_runs = runs.get("trials", [])
+        if pending(exp, store):
+            why = blocker(exp, store, window, now)
+            if why is None and not started_since(trials_runs, window.opens_at(now)):
+                why = schedule_grace(exp, window, now)
+            if why is None:
+                out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
+                continue
+            out.waiting.append(f"{exp.experiment_id}: {why}")
+        index_runs = runs.get("index", [])
+        # The index follows every trials run, and is written once more when nothing else can run.
+        if trials_runs and (
+            not index_runs or index_runs[0].create_timestamp < trials_runs[0].create_timestamp
+        ):
+            out.requests.append(_request(exp, "index", len(trials_runs)))
+    return out
+
+
+def trials_runs_in_flight(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+    runs = instance.get_runs(dg.RunsFilter(tags={TAG_STAGE: "trials"}))
+    return [r for r in runs if r.status in IN_FLIGHT]
+
+
+def drain_all(instance: dg.DagsterInstance, paths: HangarPaths) -> list[str]:
+    """The end-of-window drain: ask every trials run in flight to stop (its trials end as power_down)."""
+    drained = []
+    for run in trials_runs_in_flight(instance):
+        request_drain(paths, run.run_id)
+        drained.append(run.run_id)
+    return drained
+
+
+def build_experiment_driver(
+    jobs: list[dg.UnresolvedAssetJobDefinition], home: str, window: EvalWindow
+) -> dg.SensorDefinition:
+    @dg.sensor(
+        jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
+    )
+    def experiment_driver(
+        context: dg.SensorEvaluationContext,
+    ) -> Iterator[dg.RunRequest | dg.SkipReason]:
+        decisions = decide(
+            context.instance, HangarPaths(Path(home)), window, dt.datetime.now(dt.UTC)
+        )
+        requested = False
+        for request in decisions.requests:
+            if (
+                request.job_name
+                and context.repository_def
+                and context.repository_def.has_job(request.job_name)
+            ):
+                requested = True
+                yield request
+            else:  # submitted after this code location loaded: it runs once the location reloads
+                decisions.waiting.append(
+                    f"{request.job_name} is not loaded yet; reload the code location"
+                )
+        if not requested and decisions.waiting:
+            yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))
+
+    return experiment_driver

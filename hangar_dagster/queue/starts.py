@@ -1,0 +1,179 @@
+"""The eval queue's decisions: what an experiment still has to run, and whether it may start now.
+
+One place answers both for the driver sensor, ``hangar experiment run --wait``
+and the trials asset, so the three never disagree:
+
+- ``pending`` lists the trial keys with no attempt yet and the infra-error
+  keys the retry rules allow again (``retries.plan_retries``);
+- ``blocker`` says why no trial may start now: the eval window is closed
+  (``eval_window``), a monthly budget is spent (``budget``) or the outage
+  breaker tripped (``outage``);
+- ``schedule_grace`` says when the driver sensor leaves an experiment to the
+  window's opening schedule (``<experiment_id>__eval_window_open``) for
+  ``OPEN_GRACE`` after the window opens; ``waiting_reason`` is what a person
+  is shown (``blocker``, else that grace);
+- ``record_queue_notes`` stores the retry and breaker notes once each, as
+  ``queue`` notes, when a trials run plans or stops;
+- ``TokenThrottle`` holds trial starts while the provider tokens-per-minute
+  budget (``HANGAR_EVAL_TPM_BUDGET``) is used up.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.queue import budget
+from hangar_dagster.queue.retries import Retry, breaker_note, plan_retries
+from hangar_dagster.queue.window import EvalWindow
+from hangar_dagster.results.records import NoteRecord
+from hangar_dagster.results.store import Store
+
+QUEUE_TAG = "hangar/queue"
+EVAL_QUEUE = "eval"
+# Eval runs queue behind interactive ones (higher priority runs dequeue first).
+EVAL_PRIORITY = "-1"
+# How long after the window opens the opening schedule alone may start an experiment that was
+# waiting for it; then the driver sensor catches up (the daemon was down at the opening).
+OPEN_GRACE = dt.timedelta(seconds=120)
+
+
+@dataclass
+class Pending:
+    new: list[TrialKey] = field(default_factory=list)
+    retries: dict[str, Retry] = field(default_factory=dict)  # trial key -> its next attempt
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def keys(self) -> list[TrialKey]:
+        return sorted(self.new + [TrialKey.parse(k) for k in self.retries])
+
+    def __bool__(self) -> bool:
+        return bool(self.new or self.retries)
+
+
+def pending(exp: ResolvedExperiment, store: Store) -> Pending:
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    tried = {t.trial_key for t in attempts}
+    plan = plan_retries(attempts, planned_trials=len(exp.trial_keys()))
+    return Pending(
+        new=[k for k in exp.trial_keys() if k.key not in tried],
+        retries={r.trial_key: r for r in plan.retries},
+        notes=list(plan.notes),
+    )
+
+
+def record_queue_notes(exp: ResolvedExperiment, store: Store) -> list[NoteRecord]:
+    """Store the retry rules' notes and the breaker's as ``queue`` notes; returns the new ones.
+
+    Each distinct message is stored once per experiment, however often the
+    trials runs plan: a note says what happened, not that it is still true.
+    """
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    said = [*pending(exp, store).notes]
+    if outage := breaker_note(attempts):
+        said.append(outage)
+    known = {n.message for n in store.notes(exp.experiment_id) if n.kind == "queue"}
+    new = [
+        NoteRecord(experiment_id=exp.experiment_id, kind="queue", message=m)
+        for m in dict.fromkeys(said)
+        if m not in known
+    ]
+    for note in new:
+        store.put(note)
+    return new
+
+
+def blocker(
+    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+) -> str | None:
+    """Why no trial of ``exp`` may start at ``now``, or None."""
+    if not window.is_open(now):
+        opens = window.next_open(now).astimezone(window.tz)
+        return f"eval_window: trials start inside {window.describe()}; next opens {opens:%Y-%m-%d %H:%M %Z}"
+    spent = budget.start_blocker(store, exp.author, now)
+    if spent:
+        return spent
+    outage = breaker_note(store.trials(exp.experiment_id, all_attempts=True))
+    if outage:
+        return f"outage: {outage}"
+    return None
+
+
+def open_schedule_name(experiment_id: str) -> str:
+    return f"{experiment_id}__eval_window_open"
+
+
+def schedule_grace(exp: ResolvedExperiment, window: EvalWindow, now: dt.datetime) -> str | None:
+    """Why the driver sensor leaves ``exp``'s trials to the opening schedule at ``now``, or None.
+
+    Only an experiment submitted before the window opened waits for the schedule,
+    and only during ``OPEN_GRACE`` after the opening.
+    """
+    opened = window.opens_at(now)
+    if opened is None or exp.submitted_at >= opened or now >= opened + OPEN_GRACE:
+        return None
+    takeover = (opened + OPEN_GRACE).astimezone(window.tz)
+    return (
+        f"eval_window_open: the window opened at {opened.astimezone(window.tz):%H:%M %Z}; "
+        f"schedule {open_schedule_name(exp.experiment_id)} starts these trials "
+        f"(the driver sensor starts them at {takeover:%H:%M:%S %Z} if it has not)"
+    )
+
+
+def waiting_reason(
+    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+) -> str | None:
+    """Why ``exp``'s pending trials are not started at ``now``: ``blocker``, else the opening grace."""
+    return blocker(exp, store, window, now) or schedule_grace(exp, window, now)
+
+
+def tpm_budget(environ: Mapping[str, str] = os.environ) -> int | None:
+    raw = environ.get("HANGAR_EVAL_TPM_BUDGET", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"HANGAR_EVAL_TPM_BUDGET={raw!r}: write a whole number of tokens per minute"
+        ) from None
+    if value <= 0:
+        raise ValueError(
+            f"HANGAR_EVAL_TPM_BUDGET={raw!r}: must be positive (unset it for no limit)"
+        )
+    return value
+
+
+class TokenThrottle:
+    """Holds trial starts while the tokens of trials finished in the last minute reach the budget.
+
+    Tokens are known once a trial ends, so this paces starts by recent use rather
+    than metering tokens in flight; trials already running are never stopped.
+    """
+
+    def __init__(
+        self,
+        recent_tokens: Callable[[dt.datetime], int],
+        budget_tpm: int | None,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self._recent = recent_tokens
+        self._budget = budget_tpm
+        self._clock = clock
+        self._sleep = sleep
+
+    def wait(self, cancelled: Callable[[], bool] = lambda: False) -> float:
+        """Block until a start is allowed (or cancelled); returns the seconds waited."""
+        waited = 0.0
+        while self._budget is not None and not cancelled():
+            if self._recent(self._clock() - dt.timedelta(minutes=1)) < self._budget:
+                break
+            self._sleep(1.0)
+            waited += 1.0
+        return waited

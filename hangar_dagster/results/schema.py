@@ -1,0 +1,284 @@
+"""Tables, columns and views of the store, derived from the pydantic rows in ``records``.
+
+The models are the one definition of every column: this module maps each field's
+annotation to a DuckDB type and a Parquet (Arrow) type, names each table's
+primary key and Parquet file, and holds the two SQL views analysts share with
+the Python reads. docs/data.md documents the result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import types
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin
+
+import pyarrow as pa
+
+from hangar_dagster.results.records import (
+    BaseCheckRecord,
+    ExperimentPinRecord,
+    ExperimentRecord,
+    GradeRecord,
+    NoteRecord,
+    OutcomeClass,
+    PinSetRecord,
+    Record,
+    TrialRecord,
+)
+
+_ARROW: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),  # JSON text; DuckDB's JSON type is VARCHAR underneath
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql_type: str  # a key of _ARROW
+    nullable: bool
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return _ARROW[self.sql_type]
+
+
+def _sql_type(owner: str, annotation: Any) -> tuple[str, bool]:
+    """(DuckDB type, nullable) for one model field's annotation."""
+    nullable = False
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"{owner}: only `X | None` unions can be stored, got {annotation!r}")
+        nullable, annotation, origin = True, args[0], get_origin(args[0])
+    if origin is Literal:
+        if not all(isinstance(a, str) for a in get_args(annotation)):
+            raise TypeError(f"{owner}: only string Literals can be stored, got {annotation!r}")
+        return "VARCHAR", nullable
+    if origin in (dict, list) or annotation in (dict, list):
+        return "JSON", nullable
+    # bool before int: bool is a subclass of int
+    for py, sql in ((bool, "BOOLEAN"), (int, "BIGINT"), (float, "DOUBLE"), (str, "VARCHAR")):
+        if annotation is py:
+            return sql, nullable
+    if annotation is dt.datetime:
+        return "TIMESTAMPTZ", nullable
+    raise TypeError(f"{owner}: no column type for {annotation!r}; extend store_schema._sql_type")
+
+
+def _safe(part: str) -> str:
+    """A file-name component: letters, digits, _ and - kept, every other byte %XX-escaped.
+
+    Ids in specs already match that alphabet, so names stay readable, and since "."
+    is always escaped, joining parts with "." can't make two keys share a file.
+    """
+    keep = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+    return "".join(c if c in keep else "".join(f"%{b:02X}" for b in c.encode()) for c in part)
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    model: type[Record]
+    key: tuple[str, ...]
+    # refuse: a second write of a key is an error; same_content: allowed only if the
+    # content (minus `volatile`) is identical; append: the store generates the key
+    on_duplicate: Literal["refuse", "same_content", "append"]
+    file_parts: Callable[[dict[str, Any]], list[str]]
+    volatile: tuple[str, ...] = ()
+    by_experiment: bool = True
+    generated: tuple[Column, ...] = ()  # store-made columns that are not model fields
+
+    @property
+    def columns(self) -> list[Column]:
+        cols = list(self.generated)
+        for name, field in self.model.model_fields.items():
+            sql, nullable = _sql_type(f"{self.model.__name__}.{name}", field.annotation)
+            cols.append(Column(name, sql, nullable))
+        return cols
+
+    @property
+    def json_columns(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.columns if c.sql_type == "JSON")
+
+    def ddl(self) -> str:
+        # quoted: some field names (notes.at) are SQL keywords
+        cols = ",\n  ".join(
+            f'"{c.name}" {c.sql_type}{"" if c.nullable else " NOT NULL"}' for c in self.columns
+        )
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.name} (\n  {cols},\n"
+            f"  PRIMARY KEY ({', '.join(self.key)})\n)"
+        )
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.arrow_type, c.nullable) for c in self.columns])
+
+    def to_row(self, record: Record) -> dict[str, Any]:
+        """The record as one Parquet/DuckDB row: JSON fields as text, datetimes checked aware."""
+        row = record.model_dump()
+        for c in self.columns:
+            value = row.get(c.name)
+            if c.sql_type == "JSON" and value is not None:
+                row[c.name] = json.dumps(value, sort_keys=True, ensure_ascii=False)
+            elif c.sql_type == "TIMESTAMPTZ" and value is not None and value.tzinfo is None:
+                raise ValueError(
+                    f"{self.model.__name__}.{c.name} is a naive datetime; "
+                    "give it a timezone (e.g. records.utcnow())"
+                )
+        if self.on_duplicate == "append":
+            row[self.key[0]] = _generated_id(row)
+        return row
+
+    def from_row(self, row: dict[str, Any]) -> Record:
+        fields = {k: v for k, v in row.items() if k in self.model.model_fields}
+        for name in self.json_columns & fields.keys():
+            if isinstance(fields[name], str):
+                fields[name] = json.loads(fields[name])
+        for c in self.columns:
+            value = fields.get(c.name)
+            if isinstance(value, dt.datetime):
+                fields[c.name] = value.astimezone(dt.UTC)  # DuckDB answers in its session zone
+        return self.model.model_validate(fields)
+
+    def relpath(self, row: dict[str, Any]) -> str:
+        """Where a row's Parquet file lives, relative to the parquet/ directory."""
+        stem = ".".join(_safe(str(p)) for p in self.file_parts(row))
+        if self.by_experiment:
+            return f"{self.name}/experiment_id={_safe(row['experiment_id'])}/{stem}.parquet"
+        return f"{self.name}/{stem}.parquet"
+
+    def glob(self) -> str:
+        return f"{self.name}/*/*.parquet" if self.by_experiment else f"{self.name}/*.parquet"
+
+
+def _generated_id(row: dict[str, Any]) -> str:
+    """A note's id: its time first so file names sort by time, then randomness."""
+    at: dt.datetime = row["at"]
+    return f"{at.astimezone(dt.UTC):%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:12]}"
+
+
+def trial_parts(key: str, attempt: int) -> list[str]:
+    """File-name parts of one trial (or grade) attempt: variant, task, replicate, attempt-N."""
+    return [*key.split("/"), f"attempt-{attempt}"]
+
+
+TABLES: tuple[Table, ...] = (
+    Table("experiments", ExperimentRecord, ("experiment_id",), "refuse", lambda r: ["experiment"]),
+    Table(
+        "pin_sets",
+        PinSetRecord,
+        ("pin_set",),
+        "same_content",
+        lambda r: [r["pin_set"]],
+        volatile=("created_at",),
+        by_experiment=False,
+    ),
+    Table(
+        "experiment_pins",
+        ExperimentPinRecord,
+        ("experiment_id", "variant"),
+        "same_content",
+        lambda r: [r["variant"]],
+        volatile=("run_id",),
+    ),
+    Table(
+        "base_checks",
+        BaseCheckRecord,
+        ("experiment_id", "task"),
+        "same_content",
+        lambda r: [r["task"]],
+        volatile=("checked_at", "run_id"),
+    ),
+    Table(
+        "trials",
+        TrialRecord,
+        ("experiment_id", "trial_key", "attempt"),
+        "refuse",
+        lambda r: trial_parts(r["trial_key"], r["attempt"]),
+    ),
+    Table(
+        "grades",
+        GradeRecord,
+        ("experiment_id", "trial_key", "attempt"),
+        "refuse",
+        lambda r: trial_parts(r["trial_key"], r["attempt"]),
+    ),
+    Table(
+        "notes",
+        NoteRecord,
+        ("note_id",),
+        "append",
+        lambda r: [r["note_id"]],
+        generated=(Column("note_id", "VARCHAR", False),),
+    ),
+)
+
+BY_MODEL: dict[type[Record], Table] = {t.model: t for t in TABLES}
+BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
+
+_OUTCOMES: tuple[str, ...] = get_args(OutcomeClass)
+_HIDDEN = ("total", "passed", "failed", "errors", "skipped")
+
+# The one place the "highest attempt of a trial key counts" rule lives: Python reads
+# of the latest trials/grades join this view, and variant_summary is built on it.
+INDEX_VIEW = f"""CREATE OR REPLACE VIEW experiment_index AS
+SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
+  t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
+  g.passed, g.trust, g.hidden_tests,
+  {", ".join(f"CAST(g.hidden_tests->>'{k}' AS BIGINT) AS hidden_{k}" for k in _HIDDEN)},
+  COALESCE(g.task_invalid, b.invalid) AS task_invalid,
+  g.contamination, g.tamper_signals,
+  t.cost_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin
+FROM trials t
+LEFT JOIN grades g
+  ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
+LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task
+QUALIFY row_number() OVER (
+  PARTITION BY t.experiment_id, t.trial_key ORDER BY t.attempt DESC) = 1"""
+
+# Infra errors are excluded (they are retried), and so are grades of invalid tasks (hidden
+# tests that pass on the base can't tell a fix from no fix).
+_IN_PASS_RATE = "outcome_class <> 'infra_error' AND NOT coalesce(task_invalid, false)"
+# retries.evidence_class in SQL (tests/test_retries.py checks they agree): a ran trial is
+# an evidence failure without a grade, on an invalid task, or when no hidden test ran.
+_EXECUTION_FAILURE = "outcome_class = 'infra_error'"
+_EVIDENCE_FAILURE = (
+    "outcome_class <> 'infra_error' AND (passed IS NULL OR coalesce(task_invalid, false)"
+    " OR coalesce(hidden_passed, 0) + coalesce(hidden_failed, 0) + coalesce(hidden_errors, 0) = 0)"
+)
+SUMMARY_VIEW = f"""CREATE OR REPLACE VIEW variant_summary AS
+SELECT experiment_id, variant,
+  count(*) AS trials,
+  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed) AS passed,
+  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL) AS graded,
+  round(100 * (count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed))::DOUBLE
+    / nullif(count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL), 0), 1)
+    AS pass_rate_pts,
+  count(*) FILTER (WHERE task_invalid) AS invalid_task,
+  {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)},
+  count(*) FILTER (WHERE {_EXECUTION_FAILURE}) AS execution_failures,
+  count(*) FILTER (WHERE {_EVIDENCE_FAILURE}) AS evidence_failures,
+  count(*) FILTER (WHERE NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})) AS admissible
+FROM experiment_index
+GROUP BY experiment_id, variant"""
+
+# The monthly eval budget's ledger: every attempt costs money (infra errors too), so it reads
+# `trials`, not experiment_index; a cost counts in the UTC month its attempt finished in
+# (AT TIME ZONE keeps that independent of the DuckDB session's zone).
+LEDGER_VIEW = """CREATE OR REPLACE VIEW budget_ledger AS
+SELECT strftime(t.finished_at AT TIME ZONE 'UTC', '%Y-%m') AS month,
+  e.author, t.experiment_id, t.trial_key, t.attempt, t.cost_usd, t.finished_at
+FROM trials t
+JOIN experiments e ON e.experiment_id = t.experiment_id"""
+
+VIEWS: tuple[str, ...] = (INDEX_VIEW, SUMMARY_VIEW, LEDGER_VIEW)

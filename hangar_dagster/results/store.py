@@ -1,0 +1,404 @@
+"""The store: every record lands in one Parquet file (the truth) and in DuckDB (for SQL).
+
+``put`` writes a record's Parquet file atomically, then inserts the row into
+DuckDB. Should DuckDB be unreachable (an analyst holds it open read-write) or the
+process die in between, the Parquet file is already there and ``sync`` brings the
+row in; reads call a cheap check first, so they heal on their own. DuckDB is only
+ever opened for a moment, under a thread lock and an ``flock`` on a lock file next
+to it, so many threads and processes can share it. docs/data.md has the layout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hangar_dagster.experiment.plan import TrialKey
+from hangar_dagster.results.records import (
+    BaseCheckRecord,
+    ExperimentRecord,
+    GradeRecord,
+    NoteRecord,
+    PinSetRecord,
+    Record,
+    TrialRecord,
+)
+from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.settings import HangarPaths
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Record)
+T = TypeVar("T")
+
+
+class DuplicateRecordError(ValueError):
+    """A record's key is already stored and the table does not allow replacing it."""
+
+
+class StoreUnavailable(RuntimeError):
+    """DuckDB stayed locked (by another process or thread) past the store's timeout."""
+
+
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def _thread_lock(db: Path) -> threading.Lock:
+    # one lock per database file for the whole process, however many Stores point at it
+    with _THREAD_LOCKS_GUARD:
+        return _THREAD_LOCKS.setdefault(db, threading.Lock())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Store:
+    """Parquet + DuckDB storage of hangar's records under ``paths.home``."""
+
+    def __init__(self, paths: HangarPaths, *, lock_timeout_s: float = 5.0) -> None:
+        self.paths = paths
+        self.lock_timeout_s = lock_timeout_s
+        self.lock_file = paths.duckdb.with_name(paths.duckdb.name + ".lock")
+        self._schema_ready = False
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def put(self, record: Record) -> None:
+        """Write ``record`` whole: its Parquet file first, then its DuckDB row.
+
+        Raises DuplicateRecordError when the key exists and the table forbids
+        replacing it. An unreachable DuckDB only logs a warning: the Parquet file
+        is written and the next read (or ``sync``) inserts the row.
+        """
+        table = BY_MODEL.get(type(record))
+        if table is None:
+            raise TypeError(f"{type(record).__name__} is not a stored record type")
+        row = table.to_row(record)
+        if isinstance(record, TrialRecord | GradeRecord):
+            expected = TrialKey(record.variant, record.task, record.replicate).key
+            if record.trial_key != expected:
+                raise ValueError(
+                    f"{type(record).__name__}.trial_key is {record.trial_key!r} but variant/task/"
+                    f"replicate say {expected!r}; build it with TrialKey(...).key"
+                )
+        batch = pa.Table.from_pylist([row], schema=table.arrow_schema())
+        self._write_parquet(table, row, batch)
+        try:
+            with self._db() as con:
+                self._insert(con, table, batch)
+        except StoreUnavailable as e:
+            log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
+
+    def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
+        path = self.paths.parquet / table.relpath(row)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # not named *.parquet, so no glob (sync, an analyst) sees a half-written file
+        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            pq.write_table(batch, tmp)
+            _fsync(tmp)
+            try:
+                os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
+            except FileExistsError:
+                self._check_duplicate(table, row, path)
+                return
+            _fsync(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _check_duplicate(self, table: Table, row: dict[str, Any], path: Path) -> None:
+        key = ", ".join(f"{k}={row[k]!r}" for k in table.key)
+        if table.on_duplicate == "same_content":
+            stored = table.from_row(pq.read_table(path).to_pylist()[0])
+            new = table.from_row(row)
+            differ = [
+                f
+                for f in table.model.model_fields
+                if f not in table.volatile and getattr(stored, f) != getattr(new, f)
+            ]
+            if not differ:
+                return
+            raise DuplicateRecordError(
+                f"{table.name} already holds {key} with different {', '.join(differ)} "
+                f"({path}); stored {table.name} are immutable: record the change under a new key"
+            )
+        raise DuplicateRecordError(
+            f"{table.name} already holds {key} ({path}); records are written once: "
+            "a retry must use the next attempt (Store.next_attempt)"
+        )
+
+    @staticmethod
+    def _insert(con: duckdb.DuckDBPyConnection, table: Table, rows: pa.Table) -> None:
+        con.register("incoming", rows)
+        try:
+            con.execute(f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM incoming")
+        finally:
+            con.unregister("incoming")
+
+    # ---- healing -------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Insert every Parquet row DuckDB lacks (by primary key); returns how many were added.
+
+        Idempotent. Reads run the cheap check ``_sync_if_behind`` themselves; call
+        this to force a full pass (it rebuilds a deleted hangar.duckdb too).
+        """
+        with self._db() as con:
+            return sum(self._sync_table(con, t) for t in TABLES)
+
+    def _sync_table(self, con: duckdb.DuckDBPyConnection, table: Table) -> int:
+        if not any(self.paths.parquet.glob(table.glob())):
+            return 0
+        before = self._count(con, table.name)
+        con.execute(
+            f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?, "
+            "union_by_name = true, hive_partitioning = false)",
+            [str(self.paths.parquet / table.glob())],
+        )
+        return self._count(con, table.name) - before
+
+    def _sync_if_behind(self, con: duckdb.DuckDBPyConnection) -> None:
+        # one file per row and DuckDB rows only ever come from files, so equal counts mean in sync
+        for table in TABLES:
+            files = sum(1 for _ in self.paths.parquet.glob(table.glob()))
+            if files != self._count(con, table.name):
+                added = self._sync_table(con, table)
+                log.info("synced %d %s row(s) from Parquet into DuckDB", added, table.name)
+
+    @staticmethod
+    def _count(con: duckdb.DuckDBPyConnection, name: str) -> int:
+        got = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+        return int(got[0]) if got else 0
+
+    # ---- connections ---------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived DuckDB connection under the thread lock and the file lock."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        db = self.paths.duckdb
+        lock = _thread_lock(db)
+        if not lock.acquire(timeout=self.lock_timeout_s):
+            raise StoreUnavailable(f"{db} stayed busy in this process for {self.lock_timeout_s}s")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.lock_file, "a+b") as fh:  # closing it releases the flock
+                self._retry(deadline, lambda: fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB))
+                con = self._retry(deadline, lambda: duckdb.connect(str(db)))
+                try:
+                    if not self._schema_ready:
+                        self._create_schema(con)
+                        self._schema_ready = True
+                    yield con
+                finally:
+                    con.close()
+        finally:
+            lock.release()
+
+    def _retry(self, deadline: float, attempt: Callable[[], T]) -> T:
+        delay = 0.02
+        while True:
+            try:
+                return attempt()
+            except (BlockingIOError, duckdb.IOException) as e:
+                if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(
+                        f"{self.paths.duckdb} stayed locked for {self.lock_timeout_s}s ({e}); "
+                        "another process holds it (an open duckdb shell?); see docs/data.md"
+                    ) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    @staticmethod
+    def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
+        for table in TABLES:
+            con.execute(table.ddl())
+        for view in VIEWS:
+            con.execute(view)
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        try:
+            with self._db() as con:
+                self._sync_if_behind(con)
+                return _rows(con.execute(sql, params))
+        except StoreUnavailable as e:
+            # answer from the Parquet files through a throwaway in-memory copy
+            log.warning("%s; answering from Parquet", e)
+            mem = duckdb.connect(":memory:")
+            try:
+                self._create_schema(mem)
+                for table in TABLES:
+                    self._sync_table(mem, table)
+                return _rows(mem.execute(sql, params))
+            finally:
+                mem.close()
+
+    def _records(self, model: type[R], sql: str, params: list[Any]) -> list[R]:
+        table = BY_MODEL[model]
+        out = []
+        for row in self._query(sql, params):
+            rec = table.from_row(row)
+            assert isinstance(rec, model)
+            out.append(rec)
+        return out
+
+    def experiment(self, experiment_id: str) -> ExperimentRecord | None:
+        got = self._records(
+            ExperimentRecord, "SELECT * FROM experiments WHERE experiment_id = ?", [experiment_id]
+        )
+        return got[0] if got else None
+
+    def find_experiment(self, name_or_id: str) -> ExperimentRecord | None:
+        """The experiment with this id, else the most recently submitted one with this name."""
+        got = self._records(
+            ExperimentRecord,
+            "SELECT * FROM experiments WHERE experiment_id = ? OR name = ? "
+            "ORDER BY experiment_id = ? DESC, submitted_at DESC LIMIT 1",
+            [name_or_id, name_or_id, name_or_id],
+        )
+        return got[0] if got else None
+
+    def _attempts(self, model: type[R], experiment_id: str, all_attempts: bool) -> list[R]:
+        name = BY_MODEL[model].name
+        # the latest attempts are the ones experiment_index picked: the rule lives there only
+        join = (
+            ""
+            if all_attempts
+            else (
+                "JOIN experiment_index i ON i.experiment_id = x.experiment_id "
+                "AND i.trial_key = x.trial_key AND i.attempt = x.attempt "
+            )
+        )
+        return self._records(
+            model,
+            f"SELECT x.* FROM {name} x {join}WHERE x.experiment_id = ? "
+            "ORDER BY x.variant, x.task, x.replicate, x.attempt",
+            [experiment_id],
+        )
+
+    def trials(self, experiment_id: str, all_attempts: bool = False) -> list[TrialRecord]:
+        """Trial records; by default only the highest attempt of each trial key."""
+        return self._attempts(TrialRecord, experiment_id, all_attempts)
+
+    def grades(self, experiment_id: str, all_attempts: bool = False) -> list[GradeRecord]:
+        """Grades; by default only those of the attempt that counts for each trial key."""
+        return self._attempts(GradeRecord, experiment_id, all_attempts)
+
+    def base_checks(self, experiment_id: str) -> dict[str, BaseCheckRecord]:
+        got = self._records(
+            BaseCheckRecord, "SELECT * FROM base_checks WHERE experiment_id = ?", [experiment_id]
+        )
+        return {b.task: b for b in sorted(got, key=lambda b: b.task)}
+
+    def pins(self, experiment_id: str) -> dict[str, PinSetRecord]:
+        """Variant -> the pin set it runs under."""
+        rows = self._query(
+            "SELECT e.variant AS _variant, p.* FROM experiment_pins e "
+            "JOIN pin_sets p ON p.pin_set = e.pin_set WHERE e.experiment_id = ? ORDER BY e.variant",
+            [experiment_id],
+        )
+        table = BY_NAME["pin_sets"]
+        out: dict[str, PinSetRecord] = {}
+        for row in rows:
+            rec = table.from_row(row)
+            assert isinstance(rec, PinSetRecord)
+            out[row["_variant"]] = rec
+        return out
+
+    def notes(self, experiment_id: str) -> list[NoteRecord]:
+        return self._records(
+            NoteRecord,
+            'SELECT * FROM notes WHERE experiment_id = ? ORDER BY "at", note_id',
+            [experiment_id],
+        )
+
+    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
+        """1 + the highest attempt stored for the key (1 if none), from Parquet, the truth."""
+        # attempt 0 is never stored: its file name minus "0.parquet" prefixes every attempt's
+        probe = self.paths.parquet / BY_NAME["trials"].relpath(
+            {"experiment_id": experiment_id, "trial_key": trial_key, "attempt": 0}
+        )
+        prefix = probe.name.removesuffix("0.parquet")
+        attempts = [
+            int(p.name[len(prefix) :].removesuffix(".parquet"))
+            for p in probe.parent.glob(f"{prefix}*.parquet")
+        ]
+        return max(attempts, default=0) + 1
+
+    def index(self, experiment_id: str) -> list[dict[str, Any]]:
+        """Per trial key, the attempt that counts with its grade (the experiment_index view)."""
+        return self._query(
+            "SELECT * FROM experiment_index WHERE experiment_id = ? "
+            "ORDER BY variant, task, replicate",
+            [experiment_id],
+        )
+
+    def month_spend(self, month: str) -> list[dict[str, Any]]:
+        """Per author and experiment with attempts finished in ``month`` (``YYYY-MM``, UTC):
+        ``attempts`` and ``spent_usd`` in the month, ``spent_total_usd`` over all months."""
+        # nothing spent yet: answer without opening DuckDB, which would create the home
+        # (a submit the budget refuses must write nothing)
+        if not any(self.paths.parquet.glob(BY_NAME["trials"].glob())):
+            return []
+        in_month = "FILTER (WHERE month = ?)"
+        return self._query(
+            f"SELECT author, experiment_id, count(*) {in_month} AS attempts, "
+            f"coalesce(sum(cost_usd) {in_month}, 0) AS spent_usd, "
+            "sum(cost_usd) AS spent_total_usd FROM budget_ledger GROUP BY author, experiment_id "
+            f"HAVING count(*) {in_month} > 0 ORDER BY author, experiment_id",
+            [month, month, month],
+        )
+
+    def tokens_finished_since(self, since: dt.datetime) -> int:
+        """Tokens of every trial attempt (all experiments) that finished after ``since``."""
+        rows = self._query(
+            "SELECT coalesce(sum(tokens_in + tokens_out), 0) AS n FROM trials WHERE finished_at > ?",
+            [since],
+        )
+        return int(rows[0]["n"])
+
+    def summary(self, experiment_id: str) -> list[dict[str, Any]]:
+        """Per variant: trials, passed, graded, pass_rate_pts, outcome counts (variant_summary)."""
+        return self._query(
+            "SELECT * EXCLUDE (experiment_id) FROM variant_summary WHERE experiment_id = ? "
+            "ORDER BY variant",
+            [experiment_id],
+        )
+
+
+def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Result rows as dicts, JSON columns decoded."""
+    desc = cur.description or []
+    names = [d[0] for d in desc]
+    is_json = [str(d[1]) == "JSON" for d in desc]
+    return [
+        {
+            n: json.loads(v) if j and isinstance(v, str) else v
+            for n, j, v in zip(names, is_json, row, strict=True)
+        }
+        for row in cur.fetchall()
+    ]

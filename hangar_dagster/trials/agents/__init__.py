@@ -1,0 +1,88 @@
+"""Agent adapters: how a harness's agent CLI is started in a sandbox and read back.
+
+One small interface, ``Agent``, and a registry of named adapters chosen by the
+harness lock's ``agent.adapter``. An adapter turns the CLI's own output into
+the trial's trace and its turn-1 fingerprint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hangar_dagster.experiment.harness import HarnessLock
+from hangar_dagster.trials.sandbox import Sandbox
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    trial_key: str
+    task_id: str
+    seed: str  # stable per trial key and attempt
+    workdir: Path  # the trial's clone (read-write)
+    harness: HarnessLock  # verified; harness.path is mounted read-only
+    model: str
+    instructions: str
+    verify: str | None
+    timeout_s: float
+    memory_mb: int
+    sandbox: Sandbox
+    network: bool
+    out_dir: Path  # host-side scratch for the adapter (not visible to the agent)
+    env: dict[str, str] = field(default_factory=dict)  # extra variables (API endpoints)
+    # Set by the end-of-window drain or the trial budget; adapters pass it as SandboxRequest.cancel.
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # trial_job_budget.max_cost_usd: the adapter stops the agent once its streamed spend passes it.
+    max_cost_usd: float | None = None
+
+
+@dataclass
+class AgentRun:
+    exit_code: int | None
+    timed_out: bool
+    events: list[dict[str, Any]]
+    turns: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    fingerprint: dict[str, Any]  # turn 1: cli version, model, tools, instructions/skills digests
+    output_tail: str
+    error: str | None = None
+    budget_stopped: bool = False  # stopped for passing max_cost_usd (an outcome, not infra)
+
+
+class Agent(ABC):
+    name: str
+    is_standin: bool = False  # the scripted stand-in says so wherever it shows
+
+    @abstractmethod
+    def run(self, ctx: AgentContext) -> AgentRun: ...
+
+
+_ADAPTERS = {
+    "standin": "hangar_dagster.standins.agent:StandinAgent",
+    "command": "hangar_dagster.trials.agents.command:CommandAgent",
+    "claude-code": "hangar_dagster.trials.agents.claude_code:ClaudeCodeAgent",
+    "codex": "hangar_dagster.trials.agents.codex:CodexAgent",
+    "mini-swe-agent": "hangar_dagster.trials.agents.mini_swe:MiniSweAgent",
+}
+
+
+class UnknownAgent(ValueError):
+    pass
+
+
+def get_agent(name: str) -> Agent:
+    try:
+        target = _ADAPTERS[name]
+    except KeyError:
+        raise UnknownAgent(
+            f"unknown agent adapter {name!r}; known: {', '.join(sorted(_ADAPTERS))}"
+        ) from None
+    module, cls = target.split(":")
+    adapter: type[Agent] = getattr(importlib.import_module(module), cls)
+    return adapter()

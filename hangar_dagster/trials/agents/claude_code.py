@@ -1,0 +1,472 @@
+"""The ``claude-code`` adapter: the real Claude Code CLI, headless, in the trial's sandbox.
+
+It runs ``claude -p --output-format stream-json --verbose`` in the trial's
+clone with:
+
+- ``--model`` the variant's concrete model, ``--permission-mode`` from the
+  lock's ``approvals`` (``APPROVALS``; Claude Code's own mode names are taken
+  as they are; unset is ``full-auto``, since a headless run has nobody to
+  ask), ``--max-turns`` when ``harness.yaml``'s adapter section sets
+  it (``claude-code: {max_turns: 30}``);
+- ``HOME`` a scratch directory (``/hangar-home``) holding the lock's
+  instructions file as ``~/.claude/CLAUDE.md`` and its ``skills/`` as
+  ``~/.claude/skills/``: where Claude Code reads a user's memory and skills,
+  outside the repo, so neither shows in the patch. The lock's ``plugins/`` is
+  placed as ``~/.claude/plugins/`` and each of its children (a plugin folder
+  or ``.zip``) is passed with ``--plugin-dir``: Claude Code loads no plugin
+  from that folder by itself, only installed ones and the ones named so;
+- the model API through ``model_api.model_access("anthropic", ctx)``: the CLI
+  talks to a loopback forwarder with a placeholder key and the host-side
+  proxy adds the real one, so no key enters the sandbox;
+- the CLI found on the orchestrator (``HANGAR_AGENT_BIN_DIR``, else ``PATH``)
+  with its install directory mounted read-only at the same path.
+
+Its stream-json output is read as it arrives (``on_stdout`` chain: the parser
+and the trial budget watcher) and becomes the trace: ``init``, ``turn`` (one
+per assistant message), ``message``, ``tool_call``, ``tool_result`` and
+``result`` events; the ``init`` event keeps the plugins, skills and slash
+commands the CLI said it loaded. Turns, tokens and cost come from the CLI's ``result``
+event (``num_turns``, ``usage``, ``total_cost_usd``); without one (killed,
+timed out) they are counted from the messages, the cost estimated with
+``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
+from what the CLI reported (its ``system``/``init`` event and the model of
+its first answer), ``plugins_loaded`` from the plugins its ``init`` event
+names from the lock's folder, and the instructions, skills and plugins digests from the files as
+placed in its HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hangar_dagster.experiment.harness import HarnessError
+from hangar_dagster.standins.agent import sandbox_path
+from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents.install import (
+    find_cli,
+    install_mounts,
+    place_lock_files,
+    prompt,
+    scratch_dir,
+)
+from hangar_dagster.trials.agents.live import LiveUsage
+from hangar_dagster.trials.agents.run_common import (
+    TEXT_CHARS,
+    agent_run,
+    as_int,
+    cli_request,
+    clip,
+    ending_error,
+    reported_by_cli,
+)
+from hangar_dagster.trials.model_proxy import ModelAccess, model_access
+from hangar_dagster.trials.sandbox import Mount, SandboxResult
+
+ADAPTER = "claude-code"
+CLI = "claude"
+HOME_MOUNT = "/hangar-home"
+PLUGINS_MOUNT = f"{HOME_MOUNT}/.claude/plugins"  # where place_lock_files puts plugins/
+INSTALL_HINT = "npm install @anthropic-ai/claude-code@<the lock's agent.version>"
+# Lock approvals -> Claude Code permission mode.
+APPROVALS = {
+    "full-auto": "bypassPermissions",
+    "auto-edit": "acceptEdits",
+    "suggest": "default",
+    "read-only": "plan",
+}
+NATIVE_MODES = {"default", "acceptEdits", "bypassPermissions", "plan", "dontAsk"}
+# USD per million tokens (in, out), by model id prefix, used only when the CLI
+# reported no cost (it was killed before its result event). Unknown models cost 0.
+PRICES = {
+    "claude-opus-4-5": (5.0, 25.0),
+    "claude-opus-4": (15.0, 75.0),
+    "claude-sonnet-4": (3.0, 15.0),
+    "claude-haiku-4-5": (1.0, 5.0),
+    "claude-3-5-haiku": (0.8, 4.0),
+}
+STDOUT_KEEP = 20_000_000  # bytes of stream-json parsed; past it the trace says it was cut
+MAX_EVENTS = 2000
+MAX_RAW = 50
+
+
+def permission_mode(ctx: AgentContext) -> str:
+    approvals = ctx.harness.config.get("approvals") or "full-auto"
+    if approvals in NATIVE_MODES:
+        return str(approvals)
+    if approvals not in APPROVALS:
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: approvals {approvals!r} has no Claude Code "
+            f"permission mode; use one of {', '.join(sorted(APPROVALS | dict.fromkeys(NATIVE_MODES)))}"
+        )
+    return APPROVALS[approvals]
+
+
+def max_turns(ctx: AgentContext) -> int | None:
+    settings = ctx.harness.config.get(ADAPTER) or {}
+    value = settings.get("max_turns")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: {ADAPTER}.max_turns {value!r} must be a positive "
+            "integer"
+        )
+    return value
+
+
+def plugin_dirs(ctx: AgentContext) -> list[str]:
+    """Sandbox paths of the lock's plugins: each folder or ``.zip`` in its ``plugins/``."""
+    source = ctx.harness.plugins_dir
+    if not source.is_dir():
+        return []
+    return [
+        f"{PLUGINS_MOUNT}/{child.name}"
+        for child in sorted(source.iterdir())
+        if child.is_dir() or child.suffix == ".zip"
+    ]
+
+
+def argv_for(ctx: AgentContext, binary: Path) -> list[str]:
+    argv = [str(binary), "-p", "--output-format", "stream-json", "--verbose"]
+    argv += ["--model", ctx.model, "--permission-mode", permission_mode(ctx)]
+    turns = max_turns(ctx)
+    if turns is not None:
+        argv += ["--max-turns", str(turns)]
+    for plugin in plugin_dirs(ctx):
+        argv += ["--plugin-dir", plugin]
+    return [*argv, "--", prompt(ctx)]
+
+
+def _init_plugins(init: dict[str, Any]) -> list[dict[str, Any]] | None:
+    plugins = init.get("plugins")
+    if not isinstance(plugins, list):
+        return None
+    return [p for p in plugins if isinstance(p, dict)]
+
+
+def plugin_sources(init: dict[str, Any]) -> list[str] | None:
+    """Every plugin an ``init`` event says was loaded, as ``name@source`` (builtins included)."""
+    plugins = _init_plugins(init)
+    if plugins is None:
+        return None
+    return sorted(str(p.get("source") or p.get("name")) for p in plugins)
+
+
+def lock_plugins_loaded(init: dict[str, Any]) -> list[str] | None:
+    """Names of the loaded plugins that came from the lock's folder; None if the CLI said nothing."""
+    plugins = _init_plugins(init)
+    if plugins is None:
+        return None
+    return sorted(
+        str(p.get("name"))
+        for p in plugins
+        if str(p.get("path", "")).startswith(f"{PLUGINS_MOUNT}/")
+    )
+
+
+def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
+    return {
+        "PATH": sandbox_path(),
+        "TERM": "dumb",
+        **ctx.env,
+        # Set last: the context's extras cannot redirect the model API or HOME.
+        **access.env,
+        "HOME": HOME_MOUNT,
+        "ANTHROPIC_BASE_URL": access.base_url,
+        # The sandbox runs the CLI as uid 0 without capabilities; Claude Code refuses
+        # bypassPermissions as root unless told it is in a sandbox.
+        "IS_SANDBOX": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
+def _tokens(usage: Any) -> tuple[int, int]:
+    """(tokens in, tokens out) of an API usage object; cached input counts as input."""
+    if not isinstance(usage, dict):
+        return 0, 0
+    tokens_in = sum(
+        as_int(usage.get(k))
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    return tokens_in, as_int(usage.get("output_tokens"))
+
+
+def estimate_cost(model: str, tokens_in: int, tokens_out: int) -> float:
+    for prefix, (price_in, price_out) in PRICES.items():
+        if model.startswith(prefix):
+            return (tokens_in * price_in + tokens_out * price_out) / 1_000_000
+    return 0.0
+
+
+class StreamJson:
+    """Claude Code's stream-json, parsed line by line as it arrives (``feed``), into trace events."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._partial = b""
+        self._seen = 0
+        self.cut = False
+        self.events: list[dict[str, Any]] = []
+        self.init: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+        self.first_model: str | None = None
+        self.messages: dict[str, tuple[int, int]] = {}  # message id -> tokens (in, out)
+        self._raw = 0
+
+    def feed(self, chunk: bytes) -> None:
+        with self._lock:
+            if self.cut:
+                return
+            self._seen += len(chunk)
+            if self._seen > STDOUT_KEEP:
+                self.cut = True
+                self._emit({"type": "raw", "text": f"[stream cut after {STDOUT_KEEP} bytes]"})
+                return
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            for line in lines:
+                self._line(line.decode("utf-8", errors="replace"))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._partial.strip() and not self.cut:
+                self._line(self._partial.decode("utf-8", errors="replace"))
+            self._partial = b""
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        elif len(self.events) == MAX_EVENTS:
+            self.events.append({"type": "raw", "text": f"[trace cut at {MAX_EVENTS} events]"})
+
+    def _line(self, line: str) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            self._raw += 1
+            if self._raw <= MAX_RAW:
+                self._emit({"type": "raw", "text": line[:TEXT_CHARS]})
+            return
+        kind = event["type"]
+        if kind == "system":
+            self._system(event)
+        elif kind == "assistant":
+            self._assistant(event)
+        elif kind == "user":
+            self._user(event)
+        elif kind == "result":
+            self._result(event)
+        else:
+            self._emit({"type": kind})
+
+    def _system(self, event: dict[str, Any]) -> None:
+        if event.get("subtype") == "init" and self.init is None:
+            self.init = event
+            tools = event.get("tools")
+            self._emit(
+                {
+                    "type": "init",
+                    "cli_version": event.get("claude_code_version"),
+                    "model": event.get("model"),
+                    "tools": sorted(str(t) for t in tools) if isinstance(tools, list) else None,
+                    "skills": event.get("skills"),
+                    "plugins": plugin_sources(event),
+                    "slash_commands": event.get("slash_commands"),
+                    "permission_mode": event.get("permissionMode"),
+                    "session_id": event.get("session_id"),
+                }
+            )
+        else:
+            self._emit({"type": "system", "subtype": event.get("subtype")})
+
+    def _assistant(self, event: dict[str, Any]) -> None:
+        message = event.get("message")
+        if not isinstance(message, dict):
+            return
+        message_id = str(message.get("id"))
+        model = message.get("model") if isinstance(message.get("model"), str) else None
+        if message_id not in self.messages:
+            self.messages[message_id] = _tokens(message.get("usage"))
+            if self.first_model is None:
+                self.first_model = model
+            self._emit(
+                {"type": "turn", "n": len(self.messages), "message_id": message_id, "model": model}
+            )
+        for block in message.get("content") or []:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "text":
+                self._emit({"type": "message", "text": clip(block.get("text", ""))})
+            elif block.get("type") == "tool_use":
+                self._emit(
+                    {
+                        "type": "tool_call",
+                        "tool": block.get("name"),
+                        "id": block.get("id"),
+                        "input": clip(block.get("input")),
+                    }
+                )
+
+    def _user(self, event: dict[str, Any]) -> None:
+        message = event.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                self._emit(
+                    {
+                        "type": "tool_result",
+                        "id": block.get("tool_use_id"),
+                        "is_error": bool(block.get("is_error")),
+                        "content": clip(block.get("content")),
+                    }
+                )
+
+    def _result(self, event: dict[str, Any]) -> None:
+        self.result = event
+        tokens_in, tokens_out = _tokens(event.get("usage"))
+        self._emit(
+            {
+                "type": "result",
+                "subtype": event.get("subtype"),
+                "is_error": bool(event.get("is_error")),
+                "num_turns": event.get("num_turns"),
+                "total_cost_usd": event.get("total_cost_usd"),
+                "tokens_in": tokens_in,
+                "tokens_out": tokens_out,
+                "duration_ms": event.get("duration_ms"),
+                "result": clip(event.get("result")),
+            }
+        )
+
+
+def live_cost(model: str) -> Callable[[dict[str, Any]], float | None]:
+    """The trial budget's cost function: each new assistant message, priced with ``PRICES``."""
+    seen: set[str] = set()
+
+    def cost_of(event: dict[str, Any]) -> float | None:
+        message = event.get("message") if event.get("type") == "assistant" else None
+        if not isinstance(message, dict) or str(message.get("id")) in seen:
+            return None
+        seen.add(str(message.get("id")))
+        return estimate_cost(str(message.get("model") or model), *_tokens(message.get("usage")))
+
+    return cost_of
+
+
+def chain(*sinks: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    """One ``on_stdout`` callback feeding every sink in order."""
+
+    def feed(chunk: bytes) -> None:
+        for sink in sinks:
+            sink(chunk)
+
+    return feed
+
+
+def fingerprint(
+    ctx: AgentContext, stream: StreamJson, digests: dict[str, str | None]
+) -> dict[str, Any]:
+    """Turn 1 as the CLI reported it, falling back to what was launched where it said nothing."""
+    init = stream.init or {}
+    tools = init.get("tools")
+    reported_version = init.get("claude_code_version")
+    return {
+        "adapter": ADAPTER,
+        "harness": ctx.harness.ref,
+        "cli": CLI,
+        "cli_version": reported_version or ctx.harness.config["agent"].get("version"),
+        "model": stream.first_model or init.get("model") or ctx.model,
+        "tools": sorted(str(t) for t in tools) if isinstance(tools, list) else None,
+        **digests,
+        "model_requested": init.get("model"),
+        "permission_mode": init.get("permissionMode"),
+        "plugins_loaded": lock_plugins_loaded(init),
+        "reported_by_cli": reported_by_cli(
+            cli_version=reported_version,
+            model=stream.first_model or init.get("model"),
+            tools=tools,
+        ),
+    }
+
+
+def to_run(
+    ctx: AgentContext,
+    result: SandboxResult,
+    stream: StreamJson,
+    digests: dict[str, str | None],
+    budget_stopped: bool,
+) -> AgentRun:
+    final = stream.result or {}
+    if final:
+        turns = as_int(final.get("num_turns")) or len(stream.messages)
+        tokens_in, tokens_out = _tokens(final.get("usage"))
+    else:
+        turns = len(stream.messages)
+        tokens_in = sum(t[0] for t in stream.messages.values())
+        tokens_out = sum(t[1] for t in stream.messages.values())
+    cost = final.get("total_cost_usd")
+    if isinstance(cost, int | float) and not isinstance(cost, bool):
+        cost_usd = float(cost)
+    else:
+        cost_usd = estimate_cost(stream.first_model or ctx.model, tokens_in, tokens_out)
+        stream.events.append(
+            {
+                "type": "note",
+                "text": "Claude Code reported no cost (no result event): estimated from tokens "
+                f"with the adapter's price table ({cost_usd:g} USD; 0 for an unknown model)",
+            }
+        )
+    reported = (
+        f"ended with {final.get('subtype')}: {clip(final.get('result'))}"
+        if final.get("is_error")
+        else None
+    )
+    return agent_run(
+        result,
+        events=stream.events,
+        turns=turns,
+        tokens=(tokens_in, tokens_out),
+        cost_usd=cost_usd,
+        fingerprint=fingerprint(ctx, stream, digests),
+        error=ending_error(
+            "Claude Code", ctx, result, budget_stopped=budget_stopped, reported=reported
+        ),
+        budget_stopped=budget_stopped,
+    )
+
+
+class ClaudeCodeAgent(Agent):
+    name = ADAPTER
+
+    def run(self, ctx: AgentContext) -> AgentRun:
+        binary = find_cli(CLI, INSTALL_HINT)
+        home = scratch_dir(ctx.out_dir / "home")
+        # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/;
+        # plugins/ beside them loads only through argv_for's --plugin-dir.
+        digests = place_lock_files(ctx, home / ".claude", "CLAUDE.md")
+        argv = argv_for(ctx, binary)
+        stream = StreamJson()
+        watcher = LiveUsage(ctx, cost_of=live_cost(ctx.model))
+        with model_access("anthropic", ctx) as access:
+            request = cli_request(
+                ctx,
+                access,
+                argv,
+                sandbox_env(ctx, access),
+                install_mounts(binary),
+                [Mount(home, HOME_MOUNT, writable=True)],
+                on_stdout=chain(stream.feed, watcher.feed),
+            )
+            result = ctx.sandbox.run(request)
+        stream.close()
+        return to_run(ctx, result, stream, digests, watcher.stopped)

@@ -1,0 +1,500 @@
+"""The ``codex`` adapter: the real Codex CLI (``codex exec --json``), headless, in the trial's sandbox.
+
+It runs ``codex exec --json --skip-git-repo-check
+--dangerously-bypass-approvals-and-sandbox --color never -`` in the trial's
+clone, the prompt on stdin, with:
+
+- ``HOME`` a scratch directory (``/hangar-home``) and ``CODEX_HOME`` its
+  ``.codex``: a ``config.toml`` naming the variant's concrete model and one
+  model provider, ``hangar``, whose ``base_url`` is the in-sandbox end of
+  ``model_api.model_access("openai", ctx)`` (Responses API; the placeholder
+  key in ``OPENAI_API_KEY``, the real one added by the host proxy); the lock's
+  instructions file as ``AGENTS.md`` and its ``skills/`` as ``skills/``, where
+  Codex reads a user's global instructions and skills, outside the repo; its
+  ``plugins/`` as ``plugins/``, where Codex does not load them (it loads
+  plugins installed from a marketplace, cached under ``plugins/cache/`` and
+  enabled in ``config.toml``): they are placed and fingerprinted, not loaded;
+- Codex's own sandbox and approvals switched off: hangar's sandbox is the
+  boundary (Codex's landlock/seccomp and bundled bwrap cannot nest inside it),
+  so the lock's ``approvals`` must be ``full-auto`` (or unset);
+- the CLI found on the orchestrator (``HANGAR_AGENT_BIN_DIR``, else ``PATH``)
+  with its npm install (and node, when outside the system directories)
+  mounted read-only at the same path.
+
+The trace comes from the CLI's own output: its ``--json`` events on stdout
+(``thread.started``, ``item.*`` for messages, commands, file changes, MCP
+and web tools, ``turn.completed`` with usage) become ``init``, ``message``,
+``tool_call``/``tool_result``, ``usage`` and ``error`` events, and the
+session file Codex writes under ``CODEX_HOME/sessions`` gives one ``turn``
+per model response. The turn-1 fingerprint takes ``cli_version`` and
+``model`` from that session file (its ``session_meta`` and first
+``turn_context``), the tools from the first request the proxy logged in
+``egress.jsonl``, and the instructions, skills and plugins digests from the
+files as placed (with whether the session shows Codex read the first two). Codex reports no
+cost: it is estimated from tokens with ``PRICES`` (0 for an unknown model,
+with a note in the trace). While it runs, the session file is followed for
+its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hangar_dagster.experiment.harness import HarnessError
+from hangar_dagster.standins.agent import parse_trace, sandbox_path
+from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents.install import (
+    find_cli,
+    install_mounts,
+    place_lock_files,
+    prompt,
+    scratch_dir,
+)
+from hangar_dagster.trials.agents.live import LiveUsage
+from hangar_dagster.trials.agents.run_common import (
+    agent_run,
+    as_int,
+    cli_request,
+    clip,
+    ending_error,
+    reported_by_cli,
+)
+from hangar_dagster.trials.model_proxy import (
+    EGRESS_NAME,
+    ModelAccess,
+    first_request_tools,
+    model_access,
+)
+from hangar_dagster.trials.sandbox import Mount, SandboxResult
+from hangar_dagster.trials.sandbox._common import read_sandbox_file
+from hangar_dagster.util.background import while_running
+
+ADAPTER = "codex"
+CLI = "codex"
+HOME_MOUNT = "/hangar-home"
+CODEX_DIR = ".codex"  # CODEX_HOME, under HOME
+INSTALL_HINT = "npm install @openai/codex@<the lock's agent.version>"
+PROVIDER_ID = "hangar"
+SESSIONS_LIMIT = 20_000_000  # bytes of the session file read back
+EGRESS_LIMIT = 5_000_000
+POLL_S = 0.2
+# USD per million tokens (in, out), by model id prefix, longest prefix first: Codex
+# reports tokens but no cost. Unknown models cost 0 (with a note in the trace).
+PRICES = {
+    "gpt-5-mini": (0.25, 2.0),
+    "gpt-5-nano": (0.05, 0.4),
+    "gpt-5": (1.25, 10.0),
+    "gpt-4.1-mini": (0.4, 1.6),
+    "gpt-4.1": (2.0, 8.0),
+    "gpt-4o-mini": (0.15, 0.6),
+    "gpt-4o": (2.5, 10.0),
+    "o4-mini": (1.1, 4.4),
+    "o3": (2.0, 8.0),
+}
+
+
+def estimate_cost(model: str, tokens_in: int, tokens_out: int) -> float | None:
+    """USD for these tokens, or None when ``model`` is not in ``PRICES``."""
+    for prefix in sorted(PRICES, key=len, reverse=True):
+        if model.startswith(prefix):
+            price_in, price_out = PRICES[prefix]
+            return (tokens_in * price_in + tokens_out * price_out) / 1_000_000
+    return None
+
+
+# ---- what Codex printed: ``codex exec --json`` -------------------------------------
+
+
+@dataclass
+class ExecOutput:
+    """The trace events and totals read from ``codex exec --json`` stdout."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    thread_id: str | None = None
+    turns_completed: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    errors: list[str] = field(default_factory=list)
+    final_message: str | None = None
+
+
+def _tool_call(item: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``tool_call`` event of a started or completed tool item, None for other items."""
+    kind = item.get("type")
+    base = {"type": "tool_call", "id": item.get("id")}
+    if kind == "command_execution":
+        return {**base, "tool": "shell", "input": clip(item.get("command"))}
+    if kind == "file_change":
+        return {**base, "tool": "apply_patch", "input": clip(item.get("changes"))}
+    if kind == "mcp_tool_call":
+        return {
+            **base,
+            "tool": f"{item.get('server')}.{item.get('tool')}",
+            "input": clip(item.get("arguments")),
+        }
+    if kind == "web_search":
+        return {**base, "tool": "web_search", "input": clip(item.get("query"))}
+    return None
+
+
+def _tool_result(item: dict[str, Any]) -> dict[str, Any]:
+    status = item.get("status")
+    exit_code = item.get("exit_code")
+    output = item.get("aggregated_output", item.get("result", item.get("error")))
+    return {
+        "type": "tool_result",
+        "id": item.get("id"),
+        "is_error": status == "failed" or (isinstance(exit_code, int) and exit_code != 0),
+        "exit_code": exit_code,
+        "content": clip(output),
+    }
+
+
+def parse_exec_json(stdout: str) -> ExecOutput:
+    """Codex's ``--json`` events as hangar trace events (pure: over saved output)."""
+    out = ExecOutput()
+    called: set[str] = set()  # item ids whose tool_call event is out
+    for event in parse_trace(stdout):
+        kind = event["type"]
+        raw_item = event.get("item")
+        item: dict[str, Any] | None = raw_item if isinstance(raw_item, dict) else None
+        if kind == "thread.started":
+            out.thread_id = event.get("thread_id")
+            out.events.append({"type": "init", "thread_id": out.thread_id})
+        elif kind in ("item.started", "item.updated", "item.completed") and item is not None:
+            call = _tool_call(item)
+            if call is not None:
+                if str(item.get("id")) not in called:
+                    called.add(str(item.get("id")))
+                    out.events.append(call)
+                if kind == "item.completed":
+                    out.events.append(_tool_result(item))
+            elif kind != "item.completed":
+                continue
+            elif item.get("type") == "agent_message":
+                out.final_message = str(item.get("text", ""))
+                out.events.append({"type": "message", "text": clip(item.get("text", ""))})
+            elif item.get("type") == "reasoning":
+                out.events.append({"type": "reasoning", "text": clip(item.get("text", ""))})
+            elif item.get("type") == "error":
+                out.events.append({"type": "warning", "message": clip(item.get("message"))})
+            else:
+                out.events.append({"type": str(item.get("type"))})
+        elif kind == "turn.completed":
+            raw_usage = event.get("usage")
+            usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+            tokens_in, tokens_out = (
+                as_int(usage.get("input_tokens")),
+                as_int(usage.get("output_tokens")),
+            )
+            out.turns_completed += 1
+            out.tokens_in += tokens_in
+            out.tokens_out += tokens_out
+            out.events.append(
+                {
+                    "type": "usage",
+                    "tokens_in": tokens_in,
+                    "tokens_out": tokens_out,
+                    "cached_tokens_in": as_int(usage.get("cached_input_tokens")),
+                }
+            )
+        elif kind in ("turn.failed", "error"):
+            error = event.get("error")
+            message = error.get("message") if isinstance(error, dict) else event.get("message")
+            out.errors.append(str(message))
+            out.events.append({"type": "error", "message": clip(message)})
+        elif kind == "raw":
+            out.events.append(event)
+        else:
+            out.events.append({"type": kind})
+    return out
+
+
+# ---- what Codex recorded: its session file under CODEX_HOME/sessions -----------------
+
+
+@dataclass
+class Session:
+    """Turn-1 facts and per-response usage from Codex's session (rollout) file."""
+
+    cli_version: str | None = None
+    model: str | None = None  # of the first turn
+    provider: str | None = None
+    responses: list[str] = field(default_factory=list)  # response ids, in order
+    total_tokens: tuple[int, int] | None = None  # (in, out), the last running total
+    instructions_seen: bool = False
+    skills_text: str = ""  # the skills list Codex put in its prompt
+
+
+def _message_text(payload: dict[str, Any]) -> str:
+    content = payload.get("content")
+    parts = content if isinstance(content, list) else []
+    return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+
+
+def parse_session(text: str) -> Session:
+    """Read a Codex session file (JSON lines of ``{type, payload}``); pure, tolerant of junk."""
+    session = Session()
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("payload"), dict):
+            continue
+        kind, payload = record.get("type"), record["payload"]
+        if kind == "session_meta" and session.cli_version is None:
+            session.cli_version = payload.get("cli_version")
+            session.provider = payload.get("model_provider")
+        elif kind == "turn_context" and session.model is None:
+            session.model = payload.get("model")
+        elif kind == "token_usage_record":
+            response = str(payload.get("response_id"))
+            if response not in session.responses:
+                session.responses.append(response)
+        elif kind == "event_msg" and payload.get("type") == "token_count":
+            info = payload.get("info")
+            total = info.get("total_token_usage") if isinstance(info, dict) else None
+            if isinstance(total, dict):
+                session.total_tokens = (
+                    as_int(total.get("input_tokens")),
+                    as_int(total.get("output_tokens")),
+                )
+        elif kind == "response_item" and payload.get("type") == "message":
+            body = _message_text(payload)
+            if body.startswith("# AGENTS.md instructions"):
+                session.instructions_seen = True
+            elif body.startswith("<skills_instructions>"):
+                session.skills_text = body
+    return session
+
+
+def session_file(codex_home: Path) -> Path | None:
+    """The session file of this run (one per exec; the newest if there are several).
+
+    The agent can write under its HOME, so the walk follows no symlinked directory.
+    """
+    found = [
+        Path(root) / name
+        for root, _, files in os.walk(codex_home / "sessions")
+        for name in files
+        if name.startswith("rollout-") and name.endswith(".jsonl")
+    ]
+    return max(found, key=lambda p: p.name) if found else None
+
+
+# ---- launching -----------------------------------------------------------------------
+
+
+def check_approvals(ctx: AgentContext) -> None:
+    approvals = ctx.harness.config.get("approvals") or "full-auto"
+    if approvals != "full-auto":
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: approvals {approvals!r} is not supported by the "
+            "codex adapter: Codex runs headless inside hangar's sandbox with its own sandbox "
+            "and approvals off; set approvals: full-auto"
+        )
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def config_toml(model: str, base_url: str) -> str:
+    """CODEX_HOME/config.toml: the model and the one provider, through hangar's model proxy."""
+    return "\n".join(
+        [
+            f"model = {_toml_string(model)}",
+            f"model_provider = {_toml_string(PROVIDER_ID)}",
+            'approval_policy = "never"',
+            "",
+            f"[model_providers.{PROVIDER_ID}]",
+            'name = "hangar model proxy"',
+            f"base_url = {_toml_string(base_url.rstrip('/') + '/v1')}",
+            'env_key = "OPENAI_API_KEY"',
+            'wire_api = "responses"',
+            "",
+        ]
+    )
+
+
+def argv_for(binary: Path) -> list[str]:
+    return [
+        str(binary),
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-approvals-and-sandbox",
+        "--color",
+        "never",
+        "-",  # the prompt comes on stdin: not in argv, where ps shows it
+    ]
+
+
+def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
+    node = shutil.which("node")  # codex's npm entry point is a node script
+    node_dir = [str(Path(node).resolve().parent)] if node else []
+    return {
+        "PATH": ":".join([*node_dir, sandbox_path()]),
+        "TERM": "dumb",
+        **ctx.env,
+        # Set last: the context's extras cannot redirect the model API or HOME.
+        **access.env,
+        "HOME": HOME_MOUNT,
+        "CODEX_HOME": f"{HOME_MOUNT}/{CODEX_DIR}",
+        "NO_COLOR": "1",
+    }
+
+
+def live_cost(model: str) -> Callable[[dict[str, Any]], float | None]:
+    """The trial budget's cost function over session-file lines: the running token total, priced."""
+
+    def cost_of(record: dict[str, Any]) -> float | None:
+        payload = record.get("payload")
+        if record.get("type") != "event_msg" or not isinstance(payload, dict):
+            return None
+        info = payload.get("info") if payload.get("type") == "token_count" else None
+        total = info.get("total_token_usage") if isinstance(info, dict) else None
+        if not isinstance(total, dict):
+            return None
+        return estimate_cost(
+            model, as_int(total.get("input_tokens")), as_int(total.get("output_tokens"))
+        )
+
+    return cost_of
+
+
+@contextmanager
+def follow_session(watcher: LiveUsage, codex_home: Path) -> Iterator[None]:
+    """Follow the session file for the budget once Codex has created it (its name has a timestamp)."""
+
+    def wait_then_follow(done: threading.Event) -> None:
+        while not done.wait(POLL_S):
+            path = session_file(codex_home)
+            if path is not None:
+                with watcher.follow(path):
+                    done.wait()
+                return
+
+    with while_running(wait_then_follow, "hangar-codex-session"):
+        yield
+
+
+# ---- the run -------------------------------------------------------------------------
+
+
+def fingerprint(
+    ctx: AgentContext,
+    session: Session,
+    tools: list[str] | None,
+    digests: dict[str, str | None],
+) -> dict[str, Any]:
+    """Turn 1 as Codex recorded it, falling back to what was launched where it said nothing."""
+    skills = ctx.harness.skills_dir
+    skill_names = sorted(p.name for p in skills.iterdir() if p.is_dir()) if skills.is_dir() else []
+    return {
+        "adapter": ADAPTER,
+        "harness": ctx.harness.ref,
+        "cli": CLI,
+        "cli_version": session.cli_version or ctx.harness.config["agent"].get("version"),
+        "model": session.model or ctx.model,
+        "tools": tools,
+        **digests,
+        "model_provider": session.provider,
+        "instructions_seen": session.instructions_seen,
+        "skills_seen": [n for n in skill_names if f"- {n}:" in session.skills_text],
+        "reported_by_cli": reported_by_cli(
+            cli_version=session.cli_version, model=session.model, tools=tools
+        ),
+    }
+
+
+def to_run(
+    ctx: AgentContext,
+    result: SandboxResult,
+    output: ExecOutput,
+    session: Session,
+    tools: list[str] | None,
+    digests: dict[str, str | None],
+    budget_stopped: bool,
+) -> AgentRun:
+    events = list(output.events)
+    model = session.model or ctx.model
+    for n, response in enumerate(session.responses, start=1):
+        events.append({"type": "turn", "n": n, "response_id": response, "model": model})
+    turns = len(session.responses) or output.turns_completed
+    if output.turns_completed:
+        tokens_in, tokens_out = output.tokens_in, output.tokens_out
+    else:
+        tokens_in, tokens_out = session.total_tokens or (0, 0)  # killed before turn.completed
+    cost = estimate_cost(model, tokens_in, tokens_out)
+    events.append(
+        {
+            "type": "note",
+            "text": f"Codex reports no cost: {cost:g} USD estimated from tokens with the "
+            "codex adapter's price table"
+            if cost is not None
+            else f"Codex reports no cost and {model!r} is not in the codex adapter's price "
+            "table: cost recorded as 0",
+        }
+    )
+    reported = f"reported an error: {clip(output.errors[-1])}" if output.errors else None
+    return agent_run(
+        result,
+        events=events,
+        turns=turns,
+        tokens=(tokens_in, tokens_out),
+        cost_usd=cost or 0.0,
+        fingerprint=fingerprint(ctx, session, tools, digests),
+        error=ending_error("Codex", ctx, result, budget_stopped=budget_stopped, reported=reported),
+        budget_stopped=budget_stopped,
+    )
+
+
+class CodexAgent(Agent):
+    name = ADAPTER
+
+    def run(self, ctx: AgentContext) -> AgentRun:
+        check_approvals(ctx)
+        binary = find_cli(CLI, INSTALL_HINT)
+        home = scratch_dir(ctx.out_dir / "home")
+        codex_home = home / CODEX_DIR
+        # Where Codex reads a user's global instructions and skills: CODEX_HOME/AGENTS.md, skills/
+        # (plugins/ beside them is placed, not loaded: see the module docstring).
+        digests = place_lock_files(ctx, codex_home, "AGENTS.md")
+        watcher = LiveUsage(ctx, cost_of=live_cost(ctx.model), running_total=True)
+        with model_access("openai", ctx) as access:
+            (codex_home / "config.toml").write_text(config_toml(ctx.model, access.base_url))
+            # Codex's stdout has usage only at the end of the exec; the budget
+            # follows the session file, which has token counts after each response.
+            request = cli_request(
+                ctx,
+                access,
+                argv_for(binary),
+                sandbox_env(ctx, access),
+                install_mounts(binary),
+                [Mount(home, HOME_MOUNT, writable=True)],
+                stdin=prompt(ctx).encode(),
+            )
+            with follow_session(watcher, codex_home):
+                result = ctx.sandbox.run(request)
+        path = session_file(codex_home)
+        session = parse_session((read_sandbox_file(path, SESSIONS_LIMIT) or "") if path else "")
+        egress = read_sandbox_file(ctx.out_dir / EGRESS_NAME, EGRESS_LIMIT) or ""
+        return to_run(
+            ctx,
+            result,
+            parse_exec_json(result.stdout),
+            session,
+            first_request_tools(egress, "/responses"),
+            digests,
+            watcher.stopped,
+        )

@@ -1,0 +1,501 @@
+"""How an agent in a sandbox with no network reaches its model API, without ever holding the key.
+
+The agent's sandbox keeps its own network namespace (loopback only). Two
+pieces bridge it to the provider:
+
+- on the host, ``ModelProxy``: a small HTTP reverse proxy listening on a unix
+  socket in a scratch directory. It forwards each request to the upstream
+  base URL (``HANGAR_ANTHROPIC_BASE_URL`` / ``HANGAR_OPENAI_BASE_URL``,
+  defaults https://api.anthropic.com and https://api.openai.com), drops
+  whatever credential the agent sent and adds the real key from the
+  orchestrator's own ``ANTHROPIC_API_KEY`` / ``OPENAI_API_KEY``, streams the
+  response back as it arrives, and appends one JSON line per request to
+  ``<out_dir>/egress.jsonl`` (method, path, status, byte counts, duration and
+  the request body text, cut to its head and tail: the canary is searched there,
+  and ``first_request_tools`` reads from it the tools the agent first offered);
+- in the sandbox, the forwarder (``python -m hangar_dagster.trials.model_proxy forward``):
+  listens on ``127.0.0.1:<port>`` inside the sandbox's own loopback, relays
+  every connection byte for byte to the unix socket (its directory is mounted
+  in), and runs the agent CLI as its child, exiting with its status.
+
+So the CLI is pointed at ``http://127.0.0.1:<port>`` with a placeholder key
+(``hangar-proxy``); the real key stays in the orchestrator's process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from hangar_dagster.trials.sandbox import Mount
+from hangar_dagster.util.background import ServerThread
+
+if TYPE_CHECKING:
+    from hangar_dagster.trials.agents import AgentContext
+
+Provider = Literal["anthropic", "openai"]
+
+UPSTREAM_VARS: dict[Provider, tuple[str, str]] = {
+    "anthropic": ("HANGAR_ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+    "openai": ("HANGAR_OPENAI_BASE_URL", "https://api.openai.com"),
+}
+KEY_VARS: dict[Provider, str] = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+PLACEHOLDER_KEY = "hangar-proxy"  # what the CLI sees as its key; the proxy replaces it
+SOCKET_MOUNT = "/hangar-model-api"
+SOCKET_NAME = "api.sock"
+EGRESS_NAME = "egress.jsonl"
+BODY_CAP = 64_000  # characters of a request body kept in the egress log: head and tail
+MAX_REQUEST = 50_000_000  # bytes of a request body the proxy accepts
+UPSTREAM_TIMEOUT_S = 600.0
+# Credentials the agent may send: dropped, the proxy sets the real one.
+AUTH_HEADERS = {"x-api-key", "authorization", "api-key"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "accept-encoding",
+}
+
+
+class ModelAccessError(ValueError):
+    """The model API cannot be bridged as configured; the message names the variable to fix."""
+
+
+def upstream_url(provider: Provider, environ: dict[str, str] | None = None) -> str:
+    var, default = UPSTREAM_VARS[provider]
+    url = (environ if environ is not None else dict(os.environ)).get(var) or default
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ModelAccessError(f"{var}={url!r}: expected an http(s) base URL such as {default}")
+    return url.rstrip("/")
+
+
+def clip_body(text: str, cap: int = BODY_CAP) -> tuple[str, bool]:
+    """``text``, or its first quarter and last three quarters of ``cap`` with a marker between.
+
+    The tail is kept longest: in an agent's conversation the newest tool
+    result, where leaked text would first show, is at the end of the body.
+    """
+    if len(text) <= cap:
+        return text, False
+    head, tail = cap // 4, cap - cap // 4
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters cut by hangar ...]\n{text[-tail:]}", True
+
+
+@dataclass
+class EgressLog:
+    """Appends one JSON object per proxied request to ``path`` (thread-safe)."""
+
+    path: Path
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, entry: dict[str, Any]) -> None:
+        line = json.dumps(entry, sort_keys=True) + "\n"
+        with self._lock, self.path.open("a") as f:
+            f.write(line)
+
+
+def provider_failure(egress_text: str) -> tuple[str, str] | None:
+    """(infra reason, message) when the provider's last answer was a 5xx or a 429, else None.
+
+    Asked only of an agent that did not finish well: a CLI retries on its own, so a
+    last answer of 5xx or 429 means it gave up on the provider, which is an outage the
+    breaker counts (docs/queue.md), not a measurement of the agent.
+    """
+    last: dict[str, Any] | None = None
+    for line in egress_text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("status"), int):
+            last = entry
+    if last is None:
+        return None
+    status, where = last["status"], f"{last.get('method', '?')} {last.get('path', '?')}"
+    if status == 429:
+        return "rate_limit", f"the provider rate-limited {where} (429) past the agent's own retries"
+    if status >= 500:
+        error = f": {last['error']}" if last.get("error") else ""
+        return "provider_5xx", f"the provider answered {where} with {status}{error}"
+    return None
+
+
+def first_request_tools(egress_text: str, path_suffix: str) -> list[str] | None:
+    """Tool names the first request to ``path_suffix`` offered, from the proxy's egress log.
+
+    Both OpenAI shapes: Responses (``{type, name}``) and Chat Completions
+    (``{type: function, function: {name}}``). None when the log cannot tell (no such
+    request, or its body was clipped and is no longer JSON).
+    """
+    for line in egress_text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or not str(entry.get("path", "")).split("?")[0].endswith(
+            path_suffix
+        ):
+            continue
+        if entry.get("body_clipped"):
+            return None
+        try:
+            body = json.loads(str(entry.get("body")))
+        except ValueError:
+            return None
+        tools = body.get("tools") if isinstance(body, dict) else None
+        if not isinstance(tools, list):
+            return None
+        names = set()
+        for tool in tools:
+            if isinstance(tool, dict):
+                function = tool.get("function")
+                named = function.get("name") if isinstance(function, dict) else None
+                names.add(str(named or tool.get("name") or tool.get("type")))
+        return sorted(names)
+    return None
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _ProxyServer
+
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_POST(self) -> None:
+        self._forward()
+
+    def do_PUT(self) -> None:
+        self._forward()
+
+    def do_DELETE(self) -> None:
+        self._forward()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # each request is logged in egress.jsonl instead
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return bytes(parts)
+                if len(parts) + size > MAX_REQUEST:
+                    raise ValueError(f"request body over {MAX_REQUEST} bytes")
+                parts += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_REQUEST:
+            raise ValueError(f"request body over {MAX_REQUEST} bytes")
+        return self.rfile.read(length) if length else b""
+
+    def _forward(self) -> None:
+        proxy = self.server.proxy
+        started = time.monotonic()
+        self.close_connection = True  # one request per connection keeps the relay simple
+        entry: dict[str, Any] = {
+            "time": datetime.now(UTC).isoformat(),
+            "provider": proxy.provider,
+            "upstream": proxy.upstream,
+            "method": self.command,
+            "path": self.path,
+        }
+        try:
+            body = self._read_body()
+        except ValueError as err:
+            self._fail(413, str(err), entry, started, 0)
+            return
+        text, clipped = clip_body(body.decode("utf-8", errors="replace"))
+        entry.update(request_bytes=len(body), body=text, body_clipped=clipped)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in headers.items() if k.lower() not in AUTH_HEADERS}
+        headers.update(proxy.auth_headers())
+        headers["Accept-Encoding"] = "identity"  # streams pass through uncompressed
+        target = urlsplit(proxy.upstream)
+        conn_cls = (
+            http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+        )
+        conn = conn_cls(target.hostname or "", target.port, timeout=UPSTREAM_TIMEOUT_S)
+        try:
+            conn.request(self.command, target.path + self.path, body=body, headers=headers)
+            upstream = conn.getresponse()
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            self._fail(502, f"upstream {proxy.upstream} unreachable: {err}", entry, started, 0)
+            return
+        sent = 0
+        try:
+            self.send_response(upstream.status, upstream.reason)
+            for name, value in upstream.getheaders():
+                if name.lower() not in HOP_BY_HOP:
+                    self.send_header(name, value)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            while chunk := upstream.read1(65536):
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                sent += len(chunk)
+        except (OSError, http.client.HTTPException) as err:
+            entry["error"] = f"stream broken after {sent} bytes: {err}"
+        finally:
+            conn.close()
+        entry.update(
+            status=upstream.status,
+            response_bytes=sent,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        proxy.egress.write(entry)
+
+    def _fail(
+        self, status: int, message: str, entry: dict[str, Any], started: float, sent: int
+    ) -> None:
+        data = json.dumps(
+            {"type": "error", "error": {"type": "api_error", "message": f"hangar proxy: {message}"}}
+        ).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass  # the client went away; the log still says what happened
+        entry.setdefault("request_bytes", 0)
+        entry.update(
+            status=status,
+            response_bytes=sent,
+            error=message,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        self.server.proxy.egress.write(entry)
+
+
+class _ProxyServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    proxy: ModelProxy
+
+
+class ModelProxy:
+    """The host side: a reverse proxy on the unix socket ``socket_path`` to ``upstream``."""
+
+    def __init__(
+        self, provider: Provider, upstream: str, key: str | None, socket_path: Path, egress: Path
+    ) -> None:
+        self.provider: Provider = provider
+        self.upstream = upstream
+        self._key = key
+        self.socket_path = socket_path
+        self.egress = EgressLog(egress)
+        self._serving: ServerThread[_ProxyServer] | None = None
+
+    def auth_headers(self) -> dict[str, str]:
+        if not self._key:
+            return {}  # e.g. a scripted endpoint in tests: nothing to add
+        if self.provider == "anthropic":
+            return {"x-api-key": self._key}
+        return {"Authorization": f"Bearer {self._key}"}
+
+    def start(self) -> None:
+        server = _ProxyServer(str(self.socket_path), _ProxyHandler)
+        server.proxy = self
+        self._serving = ServerThread(server, "model-proxy")
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """What an adapter adds to its sandbox request to reach the model API."""
+
+    provider: Provider
+    base_url: str  # valid inside the sandbox
+    mounts: list[Mount]
+    env: dict[str, str]  # placeholder key only; never the real one
+    port: int
+    socket: str  # the proxy's socket path inside the sandbox
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` started under the in-sandbox forwarder (which listens on ``port`` first)."""
+        return [
+            sys.executable,
+            "-I",
+            "-m",
+            "hangar_dagster.trials.model_proxy",
+            "forward",
+            "--port",
+            str(self.port),
+            "--socket",
+            self.socket,
+            "--",
+            *argv,
+        ]
+
+
+def _free_port() -> int:
+    # The sandbox has its own loopback, so any port works there; a free host port
+    # also works when a sandbox shares the host's network.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]:
+    """Run the host proxy for ``provider`` while the block runs; yields what the sandbox needs."""
+    upstream = upstream_url(provider)
+    key = os.environ.get(KEY_VARS[provider])
+    # A unix socket path must stay under ~108 bytes: a short scratch dir, not the trial's.
+    scratch = Path(tempfile.mkdtemp(prefix="hangar-mapi-"))
+    socket_path = scratch / SOCKET_NAME
+    if len(str(socket_path)) > 100:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise ModelAccessError(
+            f"temporary directory {tempfile.gettempdir()} is too deep for a unix socket path; "
+            "set TMPDIR to a short directory such as /tmp"
+        )
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    egress = ctx.out_dir / EGRESS_NAME
+    egress.touch()
+    proxy = ModelProxy(provider, upstream, key, socket_path, egress)
+    proxy.start()
+    port = _free_port()
+    try:
+        yield ModelAccess(
+            provider=provider,
+            base_url=f"http://127.0.0.1:{port}",
+            mounts=[Mount(scratch, SOCKET_MOUNT)],
+            env={KEY_VARS[provider]: PLACEHOLDER_KEY},
+            port=port,
+            socket=f"{SOCKET_MOUNT}/{SOCKET_NAME}",
+        )
+    finally:
+        proxy.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ---- in the sandbox: the loopback forwarder -------------------------------------------
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _relay(client: socket.socket, socket_path: str) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(socket_path)
+    except OSError:
+        client.close()
+        upstream.close()
+        return
+    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back.start()
+    _pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def _serve(listener: socket.socket, socket_path: str) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_relay, args=(client, socket_path), daemon=True).start()
+
+
+def forward(port: int, socket_path: str, argv: list[str]) -> int:
+    """Listen on 127.0.0.1:``port``, relay to ``socket_path``, run ``argv``; its exit status."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("127.0.0.1", port))
+    except OSError as err:
+        print(f"hangar model forwarder: cannot listen on 127.0.0.1:{port}: {err}", file=sys.stderr)
+        return 125
+    listener.listen(64)
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        listener.accept()[0].close()  # that probe, so it is not relayed to the proxy
+    except OSError as err:
+        # A new network namespace starts with loopback down until the sandbox brings it up.
+        print(
+            f"hangar model forwarder: loopback is not usable in this sandbox ({err}); "
+            "the sandbox backend must bring up 'lo'",
+            file=sys.stderr,
+        )
+        return 125
+    threading.Thread(target=_serve, args=(listener, socket_path), daemon=True).start()
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as err:
+        print(f"hangar model forwarder: cannot start {argv[0]}: {err}", file=sys.stderr)
+        return 127
+    # Pass a polite stop on to the agent; a kill of the sandbox takes both anyway.
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    code = child.wait()
+    listener.close()
+    return code if code >= 0 else 128 - code
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hangar_dagster.trials.model_proxy")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fwd = sub.add_parser("forward", help="relay loopback to the model proxy, run a command")
+    fwd.add_argument("--port", type=int, required=True)
+    fwd.add_argument("--socket", required=True)
+    fwd.add_argument("argv", nargs=argparse.REMAINDER)
+    parsed = parser.parse_args(args)
+    argv = parsed.argv[1:] if parsed.argv[:1] == ["--"] else parsed.argv
+    if not argv:
+        parser.error("forward: give the command to run after --")
+    return forward(parsed.port, parsed.socket, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""`hangar experiment resume` refuses while a Dagster run of the experiment is in flight."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import dagster as dg
+
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.settings import ensure_dagster_home, paths
+from tests.conftest import command_agent_spec, hangar, write_spec
+
+
+def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    spec = command_agent_spec(example_dir, tmp_path, "guarded", "true")
+    exp = submit(write_spec(example_dir, spec), paths())
+    ensure_dagster_home()  # the instance the CLI uses: $HANGAR_HOME/dagster
+    run_id = str(uuid.uuid4())
+    with dg.DagsterInstance.get() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{exp.experiment_id}__trials_job",
+                run_id=run_id,
+                status=dg.DagsterRunStatus.STARTED,
+                tags={"hangar/experiment": exp.experiment_id, "hangar/stage": "trials"},
+            )
+        )
+
+    refused = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = " ".join(refused.stderr.split())  # rich wraps long lines
+    assert f"refused: {exp.experiment_id}: its trials run {run_id} is STARTED since" in said
+    with dg.DagsterInstance.get() as instance:
+        assert [r.run_id for r in instance.get_runs()] == [run_id]  # it launched nothing
+
+        # The run ends (here: marked failed, as run monitoring or the UI would): resume goes on.
+        run = instance.get_run_by_id(run_id)
+        assert run is not None
+        instance.report_run_failed(run, "its worker died")
+    resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    with dg.DagsterInstance.get() as instance:
+        stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
+    assert {"spec", "trials", "index"} <= stages

@@ -1,0 +1,101 @@
+"""The spec model refuses bad input with every problem named by field path and fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangar_dagster.experiment.spec import SpecError, json_schema, load_spec, parse_spec
+
+LOCK = "plain@sha256:" + "a" * 64
+
+
+def good() -> dict[str, Any]:
+    return {
+        "name": "demo",
+        "tasks": [
+            {"id": "t1", "instructions": "fix it", "repo": "repo", "base": "base"},
+            {"id": "t2", "instructions": "fix it too", "repo": "repo", "base": "base"},
+        ],
+        "variants": {"plain": {"harness_lock": LOCK}},
+        "trials": 2,
+    }
+
+
+def problems_of(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return {p.path: f"{p.message} | {p.fix}" for p in info.value.problems}
+
+
+def test_a_good_spec_parses_with_defaults() -> None:
+    spec = parse_spec(good())
+    assert spec.trials == 2
+    assert spec.grader.command.startswith("hangar-grade pytest")
+    assert spec.environment.egress.mode == "none"
+
+
+def test_every_structural_problem_is_listed_at_once() -> None:
+    data = good()
+    data["trials"] = 0
+    del data["tasks"][0]["base"]
+    data["tasks"][1]["colour"] = "red"
+    found = problems_of(data)
+    assert set(found) == {"trials", "tasks[0].base", "tasks[1].colour"}
+    assert "larger number" in found["trials"]
+    assert "add this field" in found["tasks[0].base"]
+    assert "remove it" in found["tasks[1].colour"]
+
+
+def test_harness_lock_mixed_with_overlay_fields_names_them() -> None:
+    data = good()
+    data["variants"]["plain"].update({"model": "claude-sonnet-4-5-20250929", "skills": []})
+    found = problems_of(data)
+    assert "model, skills" in found["variants.plain"]
+
+
+def test_unknown_task_in_variant_and_duplicate_task() -> None:
+    data = good()
+    data["tasks"][1]["id"] = "t1"
+    data["variants"]["other"] = {"harness": "standin", "model": "sonnet", "tasks": ["t1", "nope"]}
+    found = problems_of(data)
+    assert "duplicate task id" in found["tasks[1].id"]
+    assert "unknown task 'nope'" in found["variants.other.tasks[1]"]
+    # An overlay's alias is refused at submit, not here: `hangar grade` may keep it.
+    assert "variants.other.model" not in found
+
+
+def test_malformed_lock_and_bad_names() -> None:
+    data = good()
+    data["name"] = "bad name!"
+    data["variants"]["plain"]["harness_lock"] = "plain@sha256:1234"
+    found = problems_of(data)
+    assert {"name", "variants.plain.harness_lock"} <= set(found)
+
+
+def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(bad)
+    assert str(bad) in str(info.value)
+    assert "YAML" in info.value.problems[0].message
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_committed_schema_is_fresh() -> None:
+    committed = Path(__file__).parents[2] / "experiment.schema.json"
+    assert committed.is_file(), "generate it: hangar experiment schema -o experiment.schema.json"
+    assert json.loads(committed.read_text()) == json_schema(), (
+        "experiment.schema.json is stale: run `hangar experiment schema -o experiment.schema.json`"
+    )
+
+
+def test_overlay_fields_are_marked_deprecated_in_the_schema() -> None:
+    variant = json_schema()["$defs"]["Variant"]["properties"]
+    assert variant["skills_remove"].get("deprecated") is True
+    assert not variant["harness_lock"].get("deprecated")

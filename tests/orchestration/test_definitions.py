@@ -1,0 +1,131 @@
+"""The Dagster definitions load, empty or with experiments, and the driver sensor picks the next stage."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.orchestration.definitions import build_definitions
+from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.queue.window import parse_window
+from hangar_dagster.settings import ensure_dagster_home, paths
+
+
+def test_definitions_load_with_no_experiments(hangar_home: Path) -> None:
+    defs = build_definitions()
+    assert list(defs.resolve_all_asset_keys()) == []
+    assert (hangar_home / "dagster" / "dagster.yaml").is_file()
+
+
+def test_definitions_build_one_group_per_experiment(example_dir: Path, hangar_home: Path) -> None:
+    a = submit(example_dir / "experiment.yaml", paths())
+    b = submit(example_dir / "experiment.yaml", paths())
+    defs = build_definitions()
+    # What the webserver does on load: every job, op and asset name must be unique.
+    dg.Definitions.validate_loadable(defs)
+    keys = {tuple(k.path) for k in defs.resolve_all_asset_keys()}
+    for exp in (a, b):
+        assert {
+            (exp.experiment_id, s)
+            for s in ("spec", "pin_sets", "base_checks", "trials", "grades", "index")
+        } <= keys
+        job = defs.resolve_job_def(f"{exp.experiment_id}__trials_job")
+        assert job.tags["hangar/stage"] == "trials"
+    trials_def = defs.resolve_assets_def(dg.AssetKey([a.experiment_id, "trials"]))
+    assert trials_def.partitions_def is not None
+    assert len(trials_def.partitions_def.get_partition_keys()) == 18
+    assert defs.resolve_sensor_def("experiment_driver") is not None
+
+
+def test_driver_requests_the_first_stage_only_for_daemon_experiments(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    waited = submit(example_dir / "experiment.yaml", paths())
+    queued = submit(example_dir / "experiment.yaml", paths())
+    (paths().experiment_dir(queued.experiment_id) / DAEMON_MARKER).touch()
+    with dg.instance_for_test() as instance:
+        requests = decide(
+            instance, paths(), parse_window("always"), dt.datetime.now(dt.UTC)
+        ).requests
+    assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec_job"]
+    assert requests[0].run_key == f"{queued.experiment_id}:spec:1"
+    assert waited.experiment_id not in str(requests[0].job_name)
+
+
+def add_stage_run(
+    instance: dg.DagsterInstance, exp: ResolvedExperiment, stage: str, status: dg.DagsterRunStatus
+) -> str:
+    run_id = str(uuid.uuid4())
+    tags = {"hangar/experiment": exp.experiment_id, "hangar/stage": stage}
+    instance.add_run(
+        dg.DagsterRun(
+            job_name=f"{exp.experiment_id}__{stage}_job", run_id=run_id, status=status, tags=tags
+        )
+    )
+    return run_id
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.SensorExecutionData:
+    """One evaluation of the real driver sensor, as the daemon runs it against ``defs``."""
+    sensor = defs.resolve_sensor_def("experiment_driver")
+    context = dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def())
+    return sensor.evaluate_tick(context)
+
+
+def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    first = submit(example_dir / "experiment.yaml", paths())
+    (paths().experiment_dir(first.experiment_id) / DAEMON_MARKER).touch()
+    defs = build_definitions()
+    with dg.instance_for_test() as instance:
+        [request] = tick(defs, instance).run_requests or []
+        assert request.job_name == f"{first.experiment_id}__spec_job"
+        assert request.run_key == f"{first.experiment_id}:spec:1"
+
+        # Its spec run is in flight, and a second experiment is submitted after defs loaded.
+        busy = add_stage_run(instance, first, "spec", dg.DagsterRunStatus.STARTED)
+        late = submit(example_dir / "experiment.yaml", paths())
+        (paths().experiment_dir(late.experiment_id) / DAEMON_MARKER).touch()
+        skipped = tick(defs, instance)
+        assert not skipped.run_requests
+        reason = str(skipped.skip_message)
+        assert f"{first.experiment_id}: in_flight: its spec run {busy} is STARTED" in reason
+        assert (
+            f"{late.experiment_id}__spec_job is not loaded yet; reload the code location" in reason
+        )
+
+
+def test_the_driver_sensor_skips_with_the_window_reason(
+    example_dir: Path, hangar_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exp = submit(example_dir / "experiment.yaml", paths())
+    (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    monkeypatch.setenv("HANGAR_EVAL_TZ", "UTC")
+    monkeypatch.setenv(
+        "HANGAR_EVAL_WINDOW", f"{later:%H:%M}-{later + dt.timedelta(minutes=30):%H:%M}"
+    )
+    defs = build_definitions()
+    with dg.instance_for_test() as instance:
+        for stage in ("spec", "pin_sets", "base_checks"):
+            add_stage_run(instance, exp, stage, dg.DagsterRunStatus.SUCCESS)
+        skipped = tick(defs, instance)
+    assert not skipped.run_requests
+    assert str(skipped.skip_message).startswith(f"waiting: {exp.experiment_id}: eval_window: ")
+
+
+def test_the_shipped_instance_ends_runs_that_never_start_and_never_resumes(
+    hangar_home: Path,
+) -> None:
+    ensure_dagster_home()  # seeds $DAGSTER_HOME/dagster.yaml from the shipped one
+    with dg.DagsterInstance.get() as instance:
+        assert instance.run_monitoring_enabled
+        assert 0 < instance.run_monitoring_start_timeout_seconds <= 600
+        assert instance.run_monitoring_max_resume_run_attempts == 0

@@ -1,0 +1,187 @@
+"""The driver sensor's decisions at chosen instants, against a real (test) Dagster instance."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+import pytest
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.submit import RESOLVED, submit
+from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.queue.starts import OPEN_GRACE
+from hangar_dagster.queue.window import parse_window
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import paths
+from tests import factories as f
+
+NY = ZoneInfo("America/New_York")
+NIGHTLY = parse_window("20:00-00:15")
+
+
+def stage_run(
+    instance: dg.DagsterInstance,
+    exp: ResolvedExperiment,
+    stage: str,
+    status: dg.DagsterRunStatus = dg.DagsterRunStatus.SUCCESS,
+) -> str:
+    """A run of ``exp``'s ``stage`` job in ``status``, created now; returns its run id."""
+    run_id = str(uuid.uuid4())
+    instance.add_run(
+        dg.DagsterRun(
+            job_name=f"{exp.experiment_id}__{stage}_job",
+            run_id=run_id,
+            status=status,
+            tags={"hangar/experiment": exp.experiment_id, "hangar/stage": stage},
+        )
+    )
+    return run_id
+
+
+@pytest.fixture
+def queued(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
+    """The example, submitted for the daemon, its setup stages done."""
+    exp = submit(example_dir / "experiment.yaml", paths())
+    (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    return exp
+
+
+def setup_done(instance: dg.DagsterInstance, exp: ResolvedExperiment) -> None:
+    for stage in ("spec", "pin_sets", "base_checks"):
+        stage_run(instance, exp, stage)
+
+
+def store_all_but_one_drained(exp: ResolvedExperiment) -> None:
+    store = Store(paths())
+    for key in exp.trial_keys():
+        v, t, r = key.key.split("/")
+        drained = key.key == "plain/median/1"
+        store.put(
+            f.trial(
+                v,
+                t,
+                int(r),
+                experiment_id=exp.experiment_id,
+                outcome_class="infra_error" if drained else "completed",
+                infra_reason="power_down" if drained else None,
+            )
+        )
+
+
+def test_trials_wait_for_the_window_then_start_and_retry(queued: ResolvedExperiment) -> None:
+    # Instants after the submission (now): the experiment waits for the window.
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        afternoon = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 1, 14, 0, tzinfo=NY))
+        assert afternoon.requests == []
+        assert len(afternoon.waiting) == 1 and "eval_window:" in afternoon.waiting[0]
+
+        # Past the opening schedule's grace (it did not start them: the daemon was down).
+        evening = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 1, 20, 2, tzinfo=NY))
+        assert [r.run_key for r in evening.requests] == [f"{queued.experiment_id}:trials:1"]
+        assert evening.requests[0].tags["hangar/queue"] == "eval"
+
+        # After a trials run: every key done but one drained -> the index, then a retry run.
+        store_all_but_one_drained(queued)
+        stage_run(instance, queued, "trials")
+        late = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY))
+        assert [r.run_key for r in late.requests] == [f"{queued.experiment_id}:index:1"]
+        assert "eval_window" in late.waiting[0]
+        stage_run(instance, queued, "index")
+        next_night = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 2, 20, 5, tzinfo=NY))
+        assert [r.run_key for r in next_night.requests] == [f"{queued.experiment_id}:trials:2"]
+
+
+@pytest.mark.parametrize(
+    "opens", [dt.datetime(2027, 1, 15, 20, tzinfo=NY), dt.datetime(2027, 7, 15, 20, tzinfo=NY)]
+)
+def test_at_the_opening_a_waiting_experiment_is_left_to_the_schedule_for_the_grace(
+    queued: ResolvedExperiment, opens: dt.datetime
+) -> None:
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        for at in (opens, opens + OPEN_GRACE - dt.timedelta(seconds=1)):
+            held = decide(instance, paths(), NIGHTLY, at)
+            assert held.requests == []
+            [why] = held.waiting
+            assert why.startswith(f"{queued.experiment_id}: eval_window_open: the window opened")
+            assert f"schedule {queued.experiment_id}__eval_window_open starts these trials" in why
+            assert f"at {opens + OPEN_GRACE:%H:%M:%S %Z} if it has not" in why
+        # The schedule did not fire (the daemon was down at the opening): the driver catches up.
+        caught_up = decide(instance, paths(), NIGHTLY, opens + OPEN_GRACE)
+        assert [r.run_key for r in caught_up.requests] == [f"{queued.experiment_id}:trials:1"]
+
+
+def backdate(exp: ResolvedExperiment, days: int) -> ResolvedExperiment:
+    """The experiment as if submitted ``days`` earlier (its stored resolved spec says when)."""
+    path = paths().experiment_dir(exp.experiment_id) / RESOLVED
+    data = json.loads(path.read_text())
+    earlier = exp.submitted_at - dt.timedelta(days=days)
+    data["submitted_at"] = earlier.isoformat()
+    path.write_text(json.dumps(data))
+    return exp.model_copy(update={"submitted_at": earlier})
+
+
+def window_opened_at(at: dt.datetime) -> str:
+    """A 30-minute window (UTC) that opened at the start of the minute of ``at``."""
+    start = at.astimezone(dt.UTC).replace(second=0, microsecond=0)
+    return f"{start:%H:%M}-{start + dt.timedelta(minutes=30):%H:%M}"
+
+
+def test_the_grace_ends_once_a_trials_run_began_since_the_opening(
+    queued: ResolvedExperiment,
+) -> None:
+    # Runs are created now (the instance's clock), so this window opened this minute.
+    exp = backdate(queued, days=1)
+    window = parse_window(window_opened_at(dt.datetime.now(dt.UTC)), "UTC")
+    with dg.instance_for_test() as instance:
+        setup_done(instance, exp)
+        now = dt.datetime.now(dt.UTC)
+        assert "eval_window_open" in decide(instance, paths(), window, now).waiting[0]
+        # The schedule started a run; one key was drained: its retry need not wait for the grace.
+        store_all_but_one_drained(exp)
+        stage_run(instance, exp, "trials")
+        retry = decide(instance, paths(), window, dt.datetime.now(dt.UTC))
+        assert [r.run_key for r in retry.requests] == [f"{exp.experiment_id}:trials:2"]
+
+
+def test_an_experiment_submitted_inside_the_window_starts_at_once(
+    queued: ResolvedExperiment,
+) -> None:
+    window = parse_window(window_opened_at(queued.submitted_at), "UTC")
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        now = dt.datetime.now(dt.UTC)
+        assert [r.run_key for r in decide(instance, paths(), window, now).requests] == [
+            f"{queued.experiment_id}:trials:1"
+        ]
+
+
+def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
+    queued: ResolvedExperiment,
+) -> None:
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        stuck = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED)
+        created = instance.get_run_record_by_id(stuck)
+        assert created is not None
+        at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)  # inside the window: only the run blocks
+        held = decide(instance, paths(), NIGHTLY, at)
+        assert held.requests == []
+        [why] = held.waiting
+        since = f"{created.create_timestamp.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+        assert why.startswith(
+            f"{queued.experiment_id}: in_flight: its trials run {stuck} is STARTED since {since}"
+        )
+        # Once Dagster (run monitoring, or a person in the UI) ends it, its keys run again.
+        run = instance.get_run_by_id(stuck)
+        assert run is not None
+        instance.report_run_failed(run, "its worker died")
+        assert [r.run_key for r in decide(instance, paths(), NIGHTLY, at).requests] == [
+            f"{queued.experiment_id}:trials:2"
+        ]

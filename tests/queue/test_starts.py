@@ -1,0 +1,168 @@
+"""The eval queue's decisions: pending work, what blocks a start, the tokens-per-minute throttle."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+import yaml
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.orchestration.driver import stage_tags
+from hangar_dagster.queue.starts import (
+    OPEN_GRACE,
+    TokenThrottle,
+    blocker,
+    pending,
+    tpm_budget,
+    waiting_reason,
+)
+from hangar_dagster.queue.window import parse_window
+from hangar_dagster.results.records import TrialRecord
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import paths
+from tests import factories as f
+
+NY = ZoneInfo("America/New_York")
+AT_NIGHT = dt.datetime(2026, 11, 29, 21, 0, tzinfo=NY)
+NIGHTLY = parse_window("20:00-00:15")
+
+
+@pytest.fixture
+def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
+    return submit(example_dir / "experiment.yaml", paths())
+
+
+def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
+    return f.attempt_of(exp.experiment_id, key, n, **{"finished_at": AT_NIGHT, **kw})
+
+
+def test_pending_lists_untried_keys_and_allowed_retries(exp: ResolvedExperiment) -> None:
+    store = Store(paths())
+    assert len(pending(exp, store).new) == 18
+    store.put(attempt(exp, "plain/median/1", 1))
+    store.put(
+        attempt(exp, "plain/median/2", 1, outcome_class="infra_error", infra_reason="preempted")
+    )
+    store.put(attempt(exp, "plain/median/3", 1, outcome_class="infra_error", infra_reason="drift"))
+    work = pending(exp, store)
+    assert len(work.new) == 15
+    retry = work.retries["plain/median/2"]
+    assert (retry.attempt, retry.retry_of) == (2, "run-plain-median-2-1")
+    assert "plain/median/3" not in work.retries  # drift is never retried
+    assert [k.key for k in work.keys][:2] == ["plain/durations/1", "plain/durations/2"]
+
+
+def test_closed_window_blocks_with_reason_eval_window(exp: ResolvedExperiment) -> None:
+    store = Store(paths())
+    afternoon = dt.datetime(2026, 11, 29, 14, 0, tzinfo=NY)
+    why = blocker(exp, store, NIGHTLY, afternoon)
+    assert why is not None and why.startswith("eval_window")
+    assert "2026-11-29 20:00" in why
+    assert blocker(exp, store, NIGHTLY, AT_NIGHT) is None
+    assert blocker(exp, store, parse_window("always"), afternoon) is None
+
+
+def test_waiting_reason_names_the_opening_schedule_during_its_grace(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    opens = dt.datetime(2027, 1, 15, 20, 0, tzinfo=NY)  # after the submission (now)
+    at_two = waiting_reason(exp, store, NIGHTLY, opens.replace(hour=14))
+    assert at_two is not None and at_two.startswith("eval_window: ")
+    why = waiting_reason(exp, store, NIGHTLY, opens + dt.timedelta(seconds=30))
+    assert why == (
+        "eval_window_open: the window opened at 20:00 EST; schedule "
+        f"{exp.experiment_id}__eval_window_open starts these trials (the driver sensor "
+        "starts them at 20:02:00 EST if it has not)"
+    )
+    assert blocker(exp, store, NIGHTLY, opens) is None  # a trial may start: the grace is no block
+    assert waiting_reason(exp, store, NIGHTLY, opens + OPEN_GRACE) is None
+    # Submitted inside the window (the window of the night it was submitted): nothing to wait for.
+    submitted = exp.submitted_at.astimezone(NY)
+    inside = parse_window(f"{submitted:%H:%M}-{submitted + dt.timedelta(hours=1):%H:%M}")
+    assert waiting_reason(exp, store, inside, exp.submitted_at) is None
+
+
+def test_a_spent_budget_blocks_new_starts(
+    exp: ResolvedExperiment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(paths())
+    monkeypatch.setenv("HANGAR_EVAL_BUDGET_USD_MONTH", "5")
+    store.put(attempt(exp, "plain/median/1", 1, cost_usd=4.0))
+    assert blocker(exp, store, NIGHTLY, AT_NIGHT) is None
+    store.put(attempt(exp, "plain/median/2", 1, cost_usd=1.5))
+    why = blocker(exp, store, NIGHTLY, AT_NIGHT)
+    assert why is not None and why.startswith("budget:") and "5.50 of 5.00" in why
+
+
+def test_the_outage_breaker_blocks_after_a_streak(
+    exp: ResolvedExperiment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(paths())
+    monkeypatch.setenv("HANGAR_OUTAGE_BREAKER_STREAK", "3")
+    for i, key in enumerate(["plain/median/1", "plain/median/2", "plain/median/3"]):
+        at = AT_NIGHT + dt.timedelta(minutes=i)
+        store.put(
+            attempt(
+                exp,
+                key,
+                1,
+                outcome_class="infra_error",
+                infra_reason="sandbox_create",
+                finished_at=at,
+            )
+        )
+        why = blocker(exp, store, NIGHTLY, AT_NIGHT)
+    assert why is not None and why.startswith("outage:") and "3 systemic" in why
+
+
+def test_token_throttle_waits_until_the_last_minute_is_under_budget() -> None:
+    now = [dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.UTC)]
+    finished = [(now[0] - dt.timedelta(seconds=30), 900)]  # 900 tokens, 30 s ago
+
+    def recent(since: dt.datetime) -> int:
+        return sum(n for at, n in finished if at > since)
+
+    def sleep(s: float) -> None:
+        now[0] += dt.timedelta(seconds=s)
+
+    throttle = TokenThrottle(recent, budget_tpm=1000, clock=lambda: now[0], sleep=sleep)
+    assert throttle.wait() == 0.0
+    finished.append((now[0], 200))  # 1100 in the last minute: hold until the first ages out
+    assert throttle.wait() == 30.0
+    assert TokenThrottle(recent, budget_tpm=None).wait() == 0.0
+    assert throttle.wait(cancelled=lambda: True) == 0.0
+
+
+def test_tpm_budget_env_is_checked() -> None:
+    assert tpm_budget({}) is None
+    assert tpm_budget({"HANGAR_EVAL_TPM_BUDGET": "40000"}) == 40000
+    for bad in ("lots", "0"):
+        with pytest.raises(ValueError, match="HANGAR_EVAL_TPM_BUDGET"):
+            tpm_budget({"HANGAR_EVAL_TPM_BUDGET": bad})
+
+
+def test_eval_runs_take_at_most_half_the_run_slots_and_queue_behind_interactive_runs() -> None:
+    shipped = yaml.safe_load(
+        (
+            Path(__file__).parents[2] / "hangar_dagster" / "orchestration" / "dagster.yaml"
+        ).read_text()
+    )
+    config = shipped["run_coordinator"]["config"]
+    (limit,) = [
+        x
+        for x in config["tag_concurrency_limits"]
+        if x["key"] == "hangar/queue" and x["value"] == "eval"
+    ]
+    assert 0 < limit["limit"] <= config["max_concurrent_runs"] // 2
+
+
+def test_trials_runs_are_tagged_as_eval_work(exp: ResolvedExperiment) -> None:
+    tags = stage_tags(exp, "trials")
+    assert tags["hangar/queue"] == "eval"
+    assert int(tags["dagster/priority"]) < 0
+    assert "hangar/queue" not in stage_tags(exp, "base_checks")

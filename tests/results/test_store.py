@@ -1,0 +1,320 @@
+"""Store: round trips, the highest-attempt rule, immutability, healing and concurrent writers."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import duckdb
+import factories as f
+import pytest
+
+from hangar_dagster.results.store import DuplicateRecordError, Store
+
+
+def _duck_rows(store: Store, sql: str) -> list[tuple[object, ...]]:
+    con = duckdb.connect(str(store.paths.duckdb), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_every_record_type_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    exp, pin, check = f.experiment(), f.pin_set(), f.base_check()
+    trial, grade, note = f.trial(), f.grade(), f.note()
+    for rec in (exp, pin, f.experiment_pin(), check, trial, grade, note):
+        store.put(rec)
+
+    assert store.experiment(f.EXP) == exp
+    assert store.experiment("nope") is None
+    assert store.pins(f.EXP) == {"base": pin}
+    assert store.base_checks(f.EXP) == {"t1": check}
+    assert store.trials(f.EXP) == [trial]
+    assert store.grades(f.EXP) == [grade]
+    assert store.notes(f.EXP) == [note]
+    # JSON and timestamp columns have their documented DuckDB types
+    types = {
+        r[0]: r[1]
+        for r in _duck_rows(
+            store,
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = 'trials'",
+        )
+    }
+    assert types["trace"] == "JSON" and types["started_at"] == "TIMESTAMP WITH TIME ZONE"
+    # and each record is one Parquet file under the documented layout
+    parquet = store.paths.parquet
+    assert (parquet / "trials/experiment_id=exp-0001/base.t1.1.attempt-1.parquet").is_file()
+    assert (parquet / f"pin_sets/{pin.pin_set}.parquet").is_file()
+
+
+def test_find_experiment_by_id_or_latest_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.experiment(experiment_id="exp-old"))
+    store.put(f.experiment(experiment_id="exp-new", submitted_at=f.T0.replace(year=2026)))
+    store.put(f.experiment(experiment_id="exp-other", name="other"))
+    found = store.find_experiment("skill-vs-none")
+    assert found is not None and found.experiment_id == "exp-new"
+    by_id = store.find_experiment("exp-old")
+    assert by_id is not None and by_id.experiment_id == "exp-old"
+    assert store.find_experiment("missing") is None
+
+
+def test_highest_attempt_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    assert store.next_attempt(f.EXP, "base/t1/1") == 1
+    first = f.trial(
+        attempt=1,
+        outcome_class="infra_error",
+        infra_reason="preempted",
+        verify_passed=None,
+        cost_usd=0.1,
+    )
+    store.put(first)
+    assert store.next_attempt(f.EXP, "base/t1/1") == 2
+    second = f.trial(attempt=2, retry_of=first.run_id)
+    store.put(second)
+    store.put(f.grade(attempt=2, passed=True))
+    assert store.next_attempt(f.EXP, "base/t1/1") == 3
+    assert store.next_attempt(f.EXP, "base/t2/1") == 1
+
+    assert store.trials(f.EXP) == [second]
+    assert store.trials(f.EXP, all_attempts=True) == [first, second]
+    [row] = store.index(f.EXP)
+    assert (row["attempt"], row["run_id"], row["retry_of"]) == (2, second.run_id, first.run_id)
+    assert row["outcome_class"] == "completed" and row["passed"] is True
+    assert row["hidden_total"] == 3 and row["hidden_tests"]["passed"] == 3
+    assert row["tamper_signals"] == []
+
+
+def test_summary_leaves_invalid_tasks_out_of_the_pass_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    # t1's hidden tests pass on the base: its "pass" says nothing about the agent.
+    store.put(
+        f.base_check("t1", base_passed=True, invalid=True, reason="hidden tests pass on base")
+    )
+    store.put(f.trial("base", "t1"))
+    store.put(f.grade("base", "t1", passed=True, task_invalid=True))
+    store.put(f.trial("base", "t2"))
+    store.put(f.grade("base", "t2", passed=False))
+    (row,) = store.summary(f.EXP)
+    assert (row["trials"], row["graded"], row["passed"], row["invalid_task"]) == (2, 1, 0, 1)
+    assert row["pass_rate_pts"] == 0.0
+
+
+def test_summary_excludes_infra_errors_from_the_denominator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    # base: t1 passes, t2's only attempt so far is an infra error
+    store.put(f.trial("base", "t1"))
+    store.put(f.grade("base", "t1", passed=True))
+    store.put(f.trial("base", "t2", outcome_class="infra_error", infra_reason="rate_limit"))
+    # skill: 1 of 3 passes; t1 passed on attempt 1 but attempt 2 (which counts) failed
+    store.put(f.trial("skill", "t1", attempt=1))
+    store.put(f.grade("skill", "t1", attempt=1, passed=True))
+    store.put(f.trial("skill", "t1", attempt=2))
+    store.put(f.grade("skill", "t1", attempt=2, passed=False))
+    store.put(f.trial("skill", "t2", outcome_class="empty_patch"))
+    store.put(f.grade("skill", "t2", passed=False))
+    store.put(f.trial("skill", "t3"))
+    store.put(f.grade("skill", "t3", passed=True))
+    # down: nothing but infra errors, so no pass rate at all
+    store.put(f.trial("down", "t1", outcome_class="infra_error", infra_reason="sandbox"))
+
+    base, down, skill = store.summary(f.EXP)
+    assert (down["trials"], down["graded"], down["pass_rate_pts"]) == (1, 0, None)
+    assert base == {
+        "variant": "base",
+        "trials": 2,
+        "passed": 1,
+        "graded": 1,
+        "pass_rate_pts": 100.0,
+        "invalid_task": 0,
+        "execution_failures": 1,
+        "evidence_failures": 0,
+        "admissible": 1,
+        "completed": 1,
+        "empty_patch": 0,
+        "agent_error": 0,
+        "timeout": 0,
+        "budget_exceeded": 0,
+        "infra_error": 1,
+    }
+    assert (skill["trials"], skill["passed"], skill["graded"]) == (3, 1, 3)
+    assert skill["pass_rate_pts"] == 33.3
+    assert (skill["completed"], skill["empty_patch"]) == (2, 1)
+    counted = [(g.variant, g.task, g.attempt) for g in store.grades(f.EXP)]
+    assert ("skill", "t1", 2) in counted and ("skill", "t1", 1) not in counted
+    assert len(store.grades(f.EXP, all_attempts=True)) == 5
+
+
+def test_duplicate_attempt_is_refused_and_the_first_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial(cost_usd=0.25))
+    store.put(f.grade(passed=True))
+    store.put(f.experiment())
+    with pytest.raises(DuplicateRecordError, match="trials already holds .*next_attempt"):
+        store.put(f.trial(cost_usd=9.0))
+    with pytest.raises(DuplicateRecordError, match="grades"):
+        store.put(f.grade(passed=False))
+    with pytest.raises(DuplicateRecordError, match="experiments"):
+        store.put(f.experiment())
+    assert [t.cost_usd for t in store.trials(f.EXP, all_attempts=True)] == [0.25]
+    assert [g.passed for g in store.grades(f.EXP, all_attempts=True)] == [True]
+    leftovers = [p.name for p in store.paths.parquet.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == []
+
+
+def test_trial_key_must_match_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="trial_key is 'base/t9/1' but .* 'base/t1/1'"):
+        store.put(f.trial(trial_key="base/t9/1"))
+    assert not store.paths.parquet.exists() or not any(store.paths.parquet.rglob("*.parquet"))
+
+
+def test_pin_sets_are_immutable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    pin = f.pin_set()
+    store.put(pin)
+    store.put(f.pin_set(created_at=f.T0.replace(year=2030)))  # same content, later: fine
+    with pytest.raises(DuplicateRecordError, match="different model.*immutable"):
+        store.put(f.pin_set(model="claude-opus-4-20250514"))
+    store.put(f.experiment_pin())
+    assert store.pins(f.EXP) == {"base": pin}  # the first created_at stays
+
+
+def test_notes_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.note("retry cap reached", at=f.T0))
+    store.put(f.note("retry cap reached", at=f.T0))
+    store.put(f.note("earlier", at=f.T0.replace(year=2024)))
+    assert [n.message for n in store.notes(f.EXP)] == ["earlier", *["retry cap reached"] * 2]
+
+
+_HOLDER = textwrap.dedent("""
+    import duckdb, sys
+    con = duckdb.connect(sys.argv[1])  # an analyst's read-write session
+    print("holding", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_locked_duckdb_heals_from_parquet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch, lock_timeout_s=0.5)
+    store.put(f.experiment())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(store.paths.duckdb)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        with caplog.at_level(logging.WARNING, logger="hangar_dagster.results.store"):
+            store.put(f.trial())  # must not raise
+        assert "Parquet only" in caplog.text
+        # reads still answer, from the Parquet files
+        assert [t.trial_key for t in store.trials(f.EXP)] == ["base/t1/1"]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(0,)]
+    assert store.sync() == 1
+    assert store.sync() == 0  # idempotent
+    assert _duck_rows(store, "SELECT trial_key, attempt FROM trials") == [("base/t1/1", 1)]
+
+
+def test_reads_heal_a_row_missing_from_duckdb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial())
+    store.put(f.trial("skill"))
+    # as if the process died between the Parquet rename and the DuckDB insert
+    con = duckdb.connect(str(store.paths.duckdb))
+    con.execute("DELETE FROM trials WHERE variant = 'skill'")
+    con.close()
+    assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base", "skill"]
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(2,)]
+    # a deleted database is rebuilt from Parquet as a whole
+    store.paths.duckdb.unlink()
+    assert Store(store.paths).sync() == 2
+
+
+def test_eight_threads_write_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch, lock_timeout_s=120)
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            own = Store(store.paths, lock_timeout_s=120)  # separate instances share the locks
+            for task in ("t1", "t2"):
+                own.put(f.trial(f"v{n}", task))
+                own.put(f.grade(f"v{n}", task, passed=n % 2 == 0))
+        except BaseException as e:  # reported below: a thread's exception is otherwise lost
+            errors.append(e)
+
+    with caplog.at_level(logging.WARNING):
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert caplog.records == []  # every row reached DuckDB directly
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(16,)]
+    assert _duck_rows(store, "SELECT count(*) FROM grades") == [(16,)]
+    assert store.sync() == 0
+    assert sum(r["passed"] for r in store.summary(f.EXP)) == 8
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from hangar_dagster.settings import HangarPaths
+    from hangar_dagster.results.store import Store
+    from pathlib import Path
+    store = Store(HangarPaths(Path(sys.argv[1])), lock_timeout_s=120)
+    for rep in range(1, 6):
+        store.put(f.trial(sys.argv[3], "t1", rep))
+""")
+
+
+def test_two_processes_write_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    here = str(Path(__file__).parents[1])  # tests/, where factories.py lives
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(store.paths.home), here, v],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for v in ("base", "skill")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "Parquet only" not in err
+    assert _duck_rows(store, "SELECT variant, count(*) FROM trials GROUP BY ALL ORDER BY 1") == [
+        ("base", 5),
+        ("skill", 5),
+    ]

@@ -1,0 +1,84 @@
+"""What the real-CLI adapter tests share: a frozen lock, a trial context, a one-task spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hangar_dagster.experiment.harness import HarnessLock, freeze
+from hangar_dagster.trials.agents import AgentContext
+from hangar_dagster.trials.sandbox import get_sandbox
+
+INSTRUCTIONS = "Harness rule: keep every diff minimal.\n"
+SKILL = "---\nname: careful\ndescription: Read before editing.\n---\nRead the file first.\n"
+
+
+def freeze_cli_lock(
+    tmp_path: Path, name: str, agent: dict[str, str], model: str, **manifest: Any
+) -> HarnessLock:
+    """A lock in ``tmp_path/registry`` with ``INSTRUCTIONS`` and one skill, ``careful``.
+
+    ``manifest`` adds harness.yaml fields (``approvals``, an adapter's own section).
+    """
+    src = tmp_path / f"{name}-src"
+    (src / "skills" / "careful").mkdir(parents=True)
+    config = {
+        "name": name,
+        "agent": agent,
+        "model": model,
+        "instructions": "instructions.md",
+        **manifest,
+    }
+    (src / "harness.yaml").write_text(yaml.safe_dump(config))
+    (src / "instructions.md").write_text(INSTRUCTIONS)
+    (src / "skills" / "careful" / "SKILL.md").write_text(SKILL)
+    return freeze(src, tmp_path / "registry")
+
+
+def cli_context(
+    tmp_path: Path,
+    lock: HarnessLock,
+    workdir: Path,
+    model: str,
+    memory_mb: int = 4096,
+    **fields: Any,
+) -> AgentContext:
+    """The context of trial ``v/calc/1`` (the calc clone's task); ``fields`` override any field."""
+    values: dict[str, Any] = {
+        "trial_key": "v/calc/1",
+        "task_id": "calc",
+        "seed": "exp:v/calc/1:1",
+        "workdir": workdir,
+        "harness": lock,
+        "model": model,
+        "instructions": "Make add() add.",
+        "verify": "python -c 'import calc'",
+        "timeout_s": 120,
+        "memory_mb": memory_mb,
+        "sandbox": get_sandbox("bwrap"),
+        "network": False,
+        "out_dir": tmp_path / "agent-out",
+    }
+    return AgentContext(**(values | fields))
+
+
+def median_spec(
+    example_dir: Path, tmp_path: Path, name: str, variants: dict[str, HarnessLock], memory_mb: int
+) -> dict[str, Any]:
+    """The example's spec cut to its ``median`` task, one trial per variant, one at a time.
+
+    One trial at a time: the scripted endpoint's conversation is shared.
+    """
+    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(
+        name=name,
+        harness_repo=str(tmp_path / "registry"),
+        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
+        variants={v: {"harness_lock": lock.ref} for v, lock in variants.items()},
+        trials=1,
+        parallel=1,
+    )
+    spec["environment"]["resources"] = {"timeout_s": 120, "memory_mb": memory_mb}
+    return spec

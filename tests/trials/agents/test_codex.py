@@ -1,0 +1,280 @@
+"""The ``codex`` adapter with the real Codex CLI (npm ``@openai/codex``), offline.
+
+The CLI runs in a bwrap sandbox with no network and reaches the scripted
+stand-in endpoint (Responses API) on host loopback only through hangar's
+model proxy. Its scripted replies are ``exec_command`` calls that the real
+CLI runs on the trial's clone. The parsers are also checked on output saved
+from the real CLI (``samples/codex-*``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangar_dagster.experiment.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
+from hangar_dagster.trials.agents import AgentContext, get_agent
+from hangar_dagster.trials.agents.codex import (
+    CodexAgent,
+    config_toml,
+    estimate_cost,
+    parse_exec_json,
+    parse_session,
+)
+from hangar_dagster.util.gitrepo import take_patch
+from tests.agent_clis import VERSIONS, ensure_npm_cli
+from tests.conftest import hangar, write_spec
+from tests.gitfixtures import make_clone
+from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+
+SAMPLES = Path(__file__).parent / "samples"
+PACKAGE = "@openai/codex"
+VERSION = VERSIONS[PACKAGE]
+MODEL = "gpt-5-2025-08-07"
+SECRET = "sk-proj-test-0000-not-a-real-key-but-secret"
+MEMORY_MB = 8192  # the Rust binary reserves a large address space
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+@pytest.fixture(scope="module")
+def codex_bin() -> Path:
+    return ensure_npm_cli(PACKAGE, VERSION, "codex")
+
+
+def make_lock(
+    tmp_path: Path, name: str = "codex-team", approvals: str = "full-auto"
+) -> HarnessLock:
+    agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
+    return freeze_cli_lock(tmp_path, name, agent, MODEL, approvals=approvals)
+
+
+def context(tmp_path: Path, lock: HarnessLock, clone: Path) -> AgentContext:
+    return cli_context(tmp_path, lock, clone, MODEL, MEMORY_MB)
+
+
+def shell(cmd: str) -> ToolCall:
+    return ToolCall("exec_command", {"cmd": cmd})
+
+
+def post(url: str, body: dict[str, Any]) -> str:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_responses_dialect_streams_the_events_codex_reads() -> None:
+    patch = "*** Begin Patch\n*** End Patch\n"
+    script = Script(
+        [
+            Reply(text="Running.", tool_calls=(shell("ls"),)),
+            Reply(tool_calls=(ToolCall("apply_patch", {"input": patch}),)),
+        ]
+    )
+    tools = [
+        {"type": "function", "name": "exec_command"},
+        {"type": "custom", "name": "apply_patch"},
+    ]
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        url = f"{endpoint.base_url}/v1/responses"
+        side = json.loads(post(url, {"model": MODEL, "input": "title?"}))
+        stream = post(url, {"model": MODEL, "input": [], "tools": tools, "stream": True})
+        custom = json.loads(post(url, {"model": MODEL, "input": [], "tools": tools}))
+    # A request offering no tools is a side call: answered, the script untouched.
+    assert side["output"][0]["type"] == "message" and script.consumed == 2
+    frames = [f for f in stream.split("\n\n") if f.strip()]
+    events = [(f.split("\n")[0][7:], json.loads(f.split("\n")[1][6:])) for f in frames]
+    kinds = [k for k, _ in events]
+    assert all(k == d["type"] for k, d in events)
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    done = [d["item"] for k, d in events if k == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["message", "function_call"]
+    text = "".join(d["delta"] for k, d in events if k == "response.output_text.delta")
+    args = "".join(d["delta"] for k, d in events if k == "response.function_call_arguments.delta")
+    assert text == "Running." and json.loads(args) == {"cmd": "ls"} == json.loads(
+        done[1]["arguments"]
+    )
+    assert done[1]["name"] == "exec_command" and done[1]["call_id"].startswith("call_")
+    usage = events[-1][1]["response"]["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (100, 20)
+    # A freeform (custom) tool gets a custom_tool_call carrying the raw input.
+    (item,) = custom["output"]
+    assert (item["type"], item["name"], item["input"]) == ("custom_tool_call", "apply_patch", patch)
+
+
+def test_registry_gives_the_adapter() -> None:
+    assert isinstance(get_agent("codex"), CodexAgent)
+
+
+def test_exec_json_sample_becomes_trace_events() -> None:
+    out = parse_exec_json((SAMPLES / "codex-exec.jsonl").read_text() + "not json\n")
+    kinds = [e["type"] for e in out.events]
+    assert kinds[0] == "init" and kinds[-1] == "raw"
+    calls = [e for e in out.events if e["type"] == "tool_call"]
+    results = [e for e in out.events if e["type"] == "tool_result"]
+    # One call per command, though Codex reports each command started and completed.
+    assert [c["tool"] for c in calls] == ["shell", "shell"]
+    assert [r["id"] for r in results] == [c["id"] for c in calls]
+    assert "cat calc.py" in str(calls[0]["input"]) and "a + b" in str(calls[1]["input"])
+    assert "return a + b" in results[1]["content"] and results[1]["exit_code"] == 0
+    assert out.turns_completed == 1 and (out.tokens_in, out.tokens_out) == (3000, 150)
+    # Codex's own warning (no metadata for this model) is kept, not taken for a failure.
+    assert any(e["type"] == "warning" and "metadata" in e["message"] for e in out.events)
+    assert out.final_message == "add() now adds."
+    assert not out.errors
+
+
+def test_session_sample_gives_turn_one_facts() -> None:
+    session = parse_session((SAMPLES / "codex-session.jsonl").read_text())
+    assert session.cli_version == VERSION
+    assert session.model == MODEL and session.provider == "hangar"
+    assert len(session.responses) == 3
+    assert session.total_tokens == (3000, 150)
+    assert session.instructions_seen
+    assert "- careful:" in session.skills_text
+
+
+def test_price_table_and_provider_config() -> None:
+    assert estimate_cost("gpt-5-mini-2025-08-07", 1_000_000, 0) == 0.25
+    assert estimate_cost(MODEL, 1_000_000, 1_000_000) == 11.25
+    assert estimate_cost("some-local-model", 10, 10) is None
+    toml = config_toml('gpt-"odd"', "http://127.0.0.1:5555/")
+    assert 'model = "gpt-\\"odd\\""' in toml
+    assert 'base_url = "http://127.0.0.1:5555/v1"' in toml and 'wire_api = "responses"' in toml
+
+
+def test_approvals_other_than_full_auto_are_refused(tmp_path: Path) -> None:
+    lock = make_lock(tmp_path, approvals="suggest")
+    clone, _ = make_clone(tmp_path)
+    with pytest.raises(HarnessError, match="approvals 'suggest'.*full-auto"):
+        get_agent("codex").run(context(tmp_path, lock, clone))
+
+
+def fix_calc_script() -> Script:
+    return Script(
+        [
+            Reply(text="Looking at calc.py.", tool_calls=(shell("cat calc.py"),)),
+            Reply(tool_calls=(shell("sed -i 's/a - b/a + b/' calc.py && cat calc.py"),)),
+            Reply(text="add() now adds."),
+        ],
+        usage_per_reply=(1000, 50),
+    )
+
+
+@needs_bwrap
+def test_real_codex_edits_the_clone_through_the_proxy(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    lock = make_lock(tmp_path)
+    clone, base = make_clone(tmp_path)
+    with ScriptedEndpoint(fix_calc_script(), MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        run = get_agent("codex").run(context(tmp_path, lock, clone))
+    assert run.error is None, run.output_tail
+    assert run.exit_code == 0
+    # The real CLI ran the scripted command in the sandbox, on the clone.
+    patch = take_patch(clone, base)
+    assert "+    return a + b" in patch and "-    return a - b" in patch
+    calls = [e for e in run.events if e["type"] == "tool_call"]
+    assert [c["tool"] for c in calls] == ["shell", "shell"]
+    results = [e for e in run.events if e["type"] == "tool_result"]
+    assert [r["exit_code"] for r in results] == [0, 0] and "a + b" in results[1]["content"]
+    assert run.turns == 3
+    assert (run.tokens_in, run.tokens_out) == (3000, 150)
+    assert run.cost_usd == pytest.approx((3000 * 1.25 + 150 * 10.0) / 1_000_000)
+    fp = run.fingerprint
+    assert fp["adapter"] == "codex" and fp["harness"] == lock.ref and fp["cli"] == "codex"
+    assert fp["cli_version"] == VERSION and "cli_version" in fp["reported_by_cli"]
+    assert fp["model"] == MODEL and "model" in fp["reported_by_cli"]
+    assert fp["tools"] is not None and "exec_command" in fp["tools"]
+    assert fp["instructions_digest"] == hashlib.sha256(INSTRUCTIONS.encode()).hexdigest()
+    assert fp["skills_digest"] == tree_digest(lock.skills_dir)
+    assert fp["instructions_seen"] and fp["skills_seen"] == ["careful"]
+    # The CLI sent the harness instructions (placed as CODEX_HOME/AGENTS.md) to the model.
+    conversational = [r for r in endpoint.requests if r["body"].get("tools")]
+    assert len(conversational) == 3
+    assert INSTRUCTIONS.strip() in json.dumps(conversational[0]["body"])
+    # The proxy swapped the placeholder key for the orchestrator's.
+    assert {r["headers"].get("authorization") for r in conversational} == {f"Bearer {SECRET}"}
+    assert SECRET not in json.dumps(run.events) + json.dumps(run.fingerprint) + run.output_tail
+    assert "AGENTS.md" not in patch and "SKILL.md" not in patch
+
+
+MEDIAN_FIX = (
+    "    if len(ordered) % 2 == 0:\n"
+    "        return (ordered[mid - 1] + ordered[mid]) / 2\n"
+    "    return ordered[mid]\n"
+)
+
+
+def median_conversation() -> list[Reply]:
+    fix = (
+        "cat > /tmp/fix.py <<'EOF'\n"
+        + (
+            "import pathlib\n"
+            "p = pathlib.Path('stats.py')\n"
+            f"p.write_text(p.read_text().replace('    return ordered[mid]\\n', {MEDIAN_FIX!r}))\n"
+        )
+        + "EOF\npython3 /tmp/fix.py && cat stats.py"
+    )
+    return [
+        Reply(tool_calls=(shell("cat stats.py"),)),
+        Reply(text="Averaging the two middle values.", tool_calls=(shell(fix),)),
+        # What the agent's environment holds: the placeholder key, never the real one
+        # (hashed: the trace redacts anything that looks like a key).
+        Reply(tool_calls=(shell('printf %s "$OPENAI_API_KEY" | sha256sum'),)),
+        Reply(text="median() now averages the middle pair."),
+    ]
+
+
+@needs_bwrap
+def test_experiment_runs_real_codex_and_grades_its_edit(
+    codex_bin: Path, example_dir: Path, tmp_path: Path
+) -> None:
+    lock = make_lock(tmp_path)
+    spec = median_spec(example_dir, tmp_path, "codex-e2e", {"codex": lock}, MEMORY_MB)
+    home = tmp_path / "home"
+    script = Script(median_conversation(), usage_per_reply=(500, 40))
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        env = {
+            "HANGAR_AGENT_BIN_DIR": str(codex_bin.parent),
+            "HANGAR_OPENAI_BASE_URL": endpoint.base_url,
+            "OPENAI_API_KEY": SECRET,
+        }
+        ran = hangar(
+            "experiment", "run", str(write_spec(example_dir, spec)), "--wait", home=home, env=env
+        )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert script.consumed == 4
+    got = hangar("experiment", "get", "codex-e2e", "--json", home=home)
+    assert got.returncode == 0, got.stderr
+    (row,) = json.loads(got.stdout)["trials"]
+    assert (row["outcome_class"], row["passed"], row["drift"]) == ("completed", True, None)
+    (art,) = (home / "artifacts").glob("*/codex__median__*/attempt-1")
+    assert (
+        "+        return (ordered[mid - 1] + ordered[mid]) / 2" in (art / "patch.diff").read_text()
+    )
+    trace = json.loads((art / "trace.json").read_text())
+    assert [e["tool"] for e in trace["events"] if e["type"] == "tool_call"] == ["shell"] * 3
+    assert (trace["turns"], trace["tokens_in"], trace["tokens_out"]) == (4, 2000, 160)
+    assert trace["cost_usd"] > 0
+    assert trace["fingerprint"]["cli_version"] == VERSION
+    assert trace["fingerprint"]["model"] == MODEL
+    env_dump = [e for e in trace["events"] if e["type"] == "tool_result"][2]["content"]
+    assert hashlib.sha256(b"hangar-proxy").hexdigest() in env_dump
+    for f in (home / "artifacts").rglob("*"):
+        if f.is_file():
+            assert SECRET not in f.read_text(errors="replace"), f

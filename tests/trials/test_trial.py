@@ -1,0 +1,334 @@
+"""The trial runner end to end: a real repo, a frozen harness lock, the command adapter in bwrap."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hangar_dagster.experiment.harness import freeze
+from hangar_dagster.experiment.plan import (
+    ResolvedExperiment,
+    ResolvedTask,
+    ResolvedVariant,
+    TrialKey,
+)
+from hangar_dagster.experiment.spec import Environment, ExperimentSpec
+from hangar_dagster.results.records import TrialRecord
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.canary import MASK
+from hangar_dagster.trials.trial import TrialRequest, run_trial
+from tests.gitfixtures import Upstream
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
+FIX = "sed -i 's/a - b/a + b/' calc.py"
+VERIFY = "python -c 'import calc; assert calc.add(2, 3) == 5'"
+TURN = (
+    """printf '%s\\n' '{"type": "turn"}' '{"type": "usage", "tokens_in": 7, "cost_usd": 0.1}' """
+    '>> "$HANGAR_TRACE_OUT"'
+)
+KEY = TrialKey("v1", "calc", 1)
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Upstream:
+    return Upstream(tmp_path)
+
+
+@pytest.fixture
+def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HangarPaths:
+    home = tmp_path / "hangar-home"
+    monkeypatch.setenv("HANGAR_HOME", str(home))
+    return HangarPaths(home)
+
+
+def experiment(
+    tmp_path: Path,
+    upstream: Upstream,
+    command: str,
+    *,
+    timeout_s: int = 60,
+    environment: dict[str, Any] | None = None,
+    base_sha: str | None = None,
+    verify: str | None = VERIFY,
+) -> ResolvedExperiment:
+    src = tmp_path / "harness-src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir()
+    manifest = {
+        "name": "fixer",
+        "agent": {"adapter": "command", "cli": "fixer-cli", "version": "1.0", "command": command},
+        "model": "fixer-model-2025-01-01",
+        "instructions": "instructions.md",
+    }
+    (src / "harness.yaml").write_text(yaml.safe_dump(manifest))
+    (src / "instructions.md").write_text("Keep it small.\n")
+    lock = freeze(src, tmp_path / "registry")
+    resources = {"timeout_s": timeout_s, "memory_mb": 1024}
+    env = Environment.model_validate({"resources": resources, **(environment or {})})
+    spec = ExperimentSpec.model_validate(
+        {
+            "name": "calc-exp",
+            "tasks": [
+                {
+                    "id": "calc",
+                    "instructions": "Make add() add.",
+                    "repo": str(upstream.path),
+                    "base": upstream.base,
+                }
+            ],
+            "variants": {"v1": {"harness_lock": lock.ref}},
+            "grader": {"canary": CANARY},
+        }
+    )
+    task = ResolvedTask(
+        id="calc",
+        instructions="Make add() add.",
+        repo=str(upstream.path),
+        base_sha=base_sha or upstream.base,
+        verify=verify,
+        reference_patch=None,
+        hidden_files={},
+    )
+    variant = ResolvedVariant(
+        name="v1",
+        harness_lock=lock.ref,
+        harness_digest=lock.digest,
+        harness_path=str(lock.path),
+        adapter="command",
+        model="fixer-model-2025-01-01",
+        environment=env,
+        environment_digest="sha256:env-test",
+        tasks=("calc",),
+        pin_set="pin-test",
+    )
+    return ResolvedExperiment(
+        experiment_id="exp-test",
+        name="calc-exp",
+        author="tester",
+        spec_path=str(tmp_path / "spec.yaml"),
+        submitted_at=dt.datetime(2025, 1, 1, tzinfo=dt.UTC),
+        spec=spec,
+        tasks={"calc": task},
+        variants={"v1": variant},
+        grader_digest="sha256:grader-test",
+    )
+
+
+def trial(exp: ResolvedExperiment, paths: HangarPaths, attempt: int = 1) -> tuple[TrialRecord, str]:
+    record, patch = run_trial(TrialRequest(exp, KEY, attempt, None, "run-1"), paths)
+    assert list(paths.work.iterdir()) == []  # the scratch dir is gone, whatever the outcome
+    return record, patch
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "bwrap",
+        pytest.param(
+            "unshare",
+            marks=pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare"),
+        ),
+    ],
+)
+def test_completed_trial_writes_its_artifacts(
+    backend: str, tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    command = f"{FIX} && {TURN} && echo fixed it"
+    exp = experiment(tmp_path, upstream, command, environment={"sandbox": backend})
+    record, patch = trial(exp, paths)
+    assert record.outcome_class == "completed", record.error
+    assert record.infra_reason is None and record.error is None
+    assert "+    return a + b" in patch and record.changed_files == ["calc.py"]
+    assert (
+        record.agent_exit_code == 0
+        and record.verify_passed is True
+        and record.verify_exit_code == 0
+    )
+    assert (record.turns, record.tokens_in, record.cost_usd) == (1, 7, 0.1)
+    assert not record.agent_is_standin and record.trace["agent_is_standin"] is False
+    art = Path(record.artifacts_dir)
+    assert art == paths.trial_artifacts("exp-test", KEY.key, 1)
+    assert sorted(p.name for p in art.iterdir()) == [
+        "agent.log",
+        "manifest.json",
+        "patch.diff",
+        "patch.raw.diff",
+        "started.json",
+        "trace.json",
+        "verify.log",
+    ]
+    assert (art / "patch.diff").read_text() == patch
+    assert "fixed it" in (art / "agent.log").read_text()
+    assert "verify: exit 0" in (art / "verify.log").read_text()
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest == record.manifest
+    assert manifest["task"] == {"id": "calc", "repo": str(upstream.path), "base_sha": upstream.base}
+    assert manifest["harness_lock"] == exp.variants["v1"].harness_lock
+    assert manifest["sandbox"]["backend"] == backend and manifest["sandbox"]["version"]
+    assert manifest["environment"]["resources"]["timeout_s"] == 60
+    assert manifest["agent"] == "command" and manifest["agent_is_standin"] is False
+    trace = json.loads((art / "trace.json").read_text())
+    assert trace == record.trace
+    assert trace["verify"]["passed"] is True and trace["outcome_class"] == "completed"
+    assert trace["fingerprint"]["cli"] == "fixer-cli" and trace["canary_seen_in"] == []
+
+
+def test_the_canary_is_masked_in_every_artifact(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    command = (
+        f"{FIX} && echo '# {CANARY}' >> calc.py && echo 'saw {CANARY}' && "
+        f"""printf '%s\\n' '{{"type": "turn", "note": "{CANARY}"}}' >> "$HANGAR_TRACE_OUT" && """
+        f"echo 'result {CANARY}' > /out/RESULT.md"
+    )
+    record, patch = trial(experiment(tmp_path, upstream, command), paths)
+    assert record.outcome_class == "completed", record.error
+    assert CANARY in patch  # the raw patch is returned as the agent made it
+    art = Path(record.artifacts_dir)
+    # Only the grader's copy keeps the agent's bytes: owner-only, never exported or shown.
+    raw = art / "patch.raw.diff"
+    assert raw.read_text() == patch and raw.stat().st_mode & 0o777 == 0o600
+    for f in art.iterdir():
+        assert f == raw or CANARY not in f.read_text(), f.name
+    assert MASK in (art / "patch.diff").read_text()
+    assert MASK in (art / "agent.log").read_text()
+    assert MASK in (art / "RESULT.md").read_text()
+    assert CANARY not in record.model_dump_json()
+    assert record.trace["canary_seen_in"] == ["RESULT.md", "agent.log", "patch", "trace"]
+
+
+def test_the_clone_holds_the_base_and_nothing_later(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    probe = (
+        "{ "
+        f"git cat-file -e {upstream.later} && echo LATER-REACHABLE; "
+        f"git cat-file -e {upstream.answer_blob} && echo ANSWER-REACHABLE; "
+        "echo commits $(git log --all --format=%H | wc -l); "
+        "echo remotes $(git remote | wc -l) tags $(git tag | wc -l); "
+        "echo refs $(git for-each-ref | wc -l); "
+        "git log --all --format=%H; "
+        "} > /out/RESULT.md 2>/dev/null"
+    )
+    record, _ = trial(experiment(tmp_path, upstream, probe), paths)
+    assert record.outcome_class == "empty_patch", record.error
+    seen = (Path(record.artifacts_dir) / "RESULT.md").read_text()
+    assert "REACHABLE" not in seen
+    assert "commits 1" in seen and "remotes 0 tags 0" in seen and "refs 1" in seen
+    assert upstream.base in seen and upstream.later not in seen
+
+
+def test_git_config_written_by_the_agent_does_not_run_on_the_host(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    pwned = tmp_path / "pwned"
+    command = f"{FIX} && git config core.fsmonitor 'touch {pwned}; false'"
+    record, patch = trial(experiment(tmp_path, upstream, command), paths)
+    assert record.outcome_class == "completed", record.error
+    assert "+    return a + b" in patch
+    assert not pwned.exists()
+
+
+def test_empty_patch(tmp_path: Path, upstream: Upstream, paths: HangarPaths) -> None:
+    record, patch = trial(experiment(tmp_path, upstream, "echo nothing to do"), paths)
+    assert record.outcome_class == "empty_patch"
+    assert patch == "" and record.patch_bytes == 0 and record.verify_passed is False
+    assert (Path(record.artifacts_dir) / "patch.diff").read_text() == ""
+
+
+def test_agent_error(tmp_path: Path, upstream: Upstream, paths: HangarPaths) -> None:
+    record, patch = trial(experiment(tmp_path, upstream, f"{FIX}; echo broke >&2; exit 4"), paths)
+    assert record.outcome_class == "agent_error"
+    assert (
+        record.agent_exit_code == 4 and record.error is not None and "code 4: broke" in record.error
+    )
+    assert "+    return a + b" in patch  # what it changed is still recorded
+
+
+def test_timeout(tmp_path: Path, upstream: Upstream, paths: HangarPaths) -> None:
+    record, _ = trial(experiment(tmp_path, upstream, "sleep 60", timeout_s=1, verify=None), paths)
+    assert record.outcome_class == "timeout"
+    assert record.agent_exit_code is None and record.duration_s < 30
+    assert record.verify_passed is None
+
+
+def test_build_output_is_not_part_of_the_patch(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    env: dict[str, Any] = {"build": ["echo built > build.txt"]}
+    record, patch = trial(
+        experiment(tmp_path, upstream, f"test -f build.txt && {FIX}", environment=env), paths
+    )
+    assert record.outcome_class == "completed", record.error
+    assert record.changed_files == ["calc.py"]
+    assert "build: exit 0" in (Path(record.artifacts_dir) / "build.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("no_bwrap", "sandbox_create"),
+        ("egress", "egress_unsupported"),
+        ("bad_base", "clone"),
+        ("tampered_lock", "harness"),
+        ("failing_build", "build"),
+    ],
+)
+def test_infra_errors_are_records(
+    setup: str,
+    reason: str,
+    tmp_path: Path,
+    upstream: Upstream,
+    paths: HangarPaths,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    environment: dict[str, Any] | None = None
+    if setup == "egress":
+        environment = {"egress": {"mode": "allowlist"}}
+    if setup == "failing_build":
+        environment = {"build": ["exit 9"]}
+    exp = experiment(
+        tmp_path,
+        upstream,
+        FIX,
+        environment=environment,
+        base_sha="0" * 40 if setup == "bad_base" else None,
+    )
+    if setup == "no_bwrap":
+        empty = tmp_path / "bin-without-bwrap"
+        empty.mkdir()
+        monkeypatch.setenv("PATH", str(empty))
+    if setup == "tampered_lock":
+        Path(exp.variants["v1"].harness_path, "instructions.md").write_text(
+            "changed after freezing\n"
+        )
+    record, patch = trial(exp, paths)
+    assert record.outcome_class == "infra_error"
+    assert record.infra_reason == reason
+    assert record.error
+    assert patch == ""
+    art = Path(record.artifacts_dir)
+    assert json.loads((art / "trace.json").read_text())["infra_reason"] == reason
+    assert json.loads((art / "manifest.json").read_text())["trial_key"] == KEY.key
+
+
+def test_attempts_get_their_own_artifacts(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    exp = experiment(tmp_path, upstream, FIX)
+    first, _ = trial(exp, paths, attempt=1)
+    second, _ = run_trial(TrialRequest(exp, KEY, 2, "run-1", "run-2"), paths)
+    assert first.artifacts_dir != second.artifacts_dir
+    assert (
+        Path(first.artifacts_dir, "patch.diff").is_file()
+        and Path(second.artifacts_dir, "patch.diff").is_file()
+    )
+    assert second.retry_of == "run-1" and second.manifest["retry_of"] == "run-1"

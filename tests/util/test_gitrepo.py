@@ -1,0 +1,172 @@
+"""Git plumbing on real repositories: base resolution, isolated clones, patches."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hangar_dagster.util.gitrepo import (
+    GitError,
+    apply_patch,
+    changed_files,
+    git,
+    isolated_clone,
+    repo_location,
+    resolve_base,
+    take_patch,
+)
+from tests.gitfixtures import Upstream
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Upstream:
+    return Upstream(tmp_path)
+
+
+def all_objects(repo: Path) -> set[str]:
+    out = git("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=repo)
+    return set(out.split())
+
+
+def test_repo_location(tmp_path: Path) -> None:
+    assert repo_location("https://example.com/r.git", tmp_path) == "https://example.com/r.git"
+    assert repo_location("git@example.com:r.git", tmp_path) == "git@example.com:r.git"
+    assert repo_location("repos/r", tmp_path) == str(tmp_path / "repos" / "r")
+
+
+def test_resolve_base(up: Upstream) -> None:
+    repo = str(up.path)
+    assert resolve_base(repo, "main") == up.later
+    assert resolve_base(repo, "v1") == up.base
+    assert resolve_base(repo, "v2") == up.later  # an annotated tag resolves to its commit
+    assert resolve_base(repo, up.base[:10]) == up.base
+    with pytest.raises(GitError, match="no commit, tag or branch named 'nope'"):
+        resolve_base(repo, "nope")
+
+
+def test_resolve_base_over_a_url(up: Upstream) -> None:
+    url = f"file://{up.path}"
+    assert resolve_base(url, "main") == up.later
+    assert resolve_base(url, "v2") == up.later  # the peeled tag, not the tag object
+    assert resolve_base(url, up.base) == up.base
+
+
+def test_isolated_clone_holds_only_the_base_history(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    assert git("rev-parse", "HEAD", cwd=dest).strip() == up.base
+    assert (dest / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert git("status", "--porcelain", cwd=dest) == ""
+    assert git("remote", cwd=dest) == ""
+    assert git("tag", cwd=dest) == ""
+    assert git("for-each-ref", "--format=%(refname)", cwd=dest).split() == [
+        "refs/heads/hangar-base"
+    ]
+    assert not (dest / ".git" / "FETCH_HEAD").exists()
+    # Every object in the clone is reachable from the base; the later ones are not there.
+    reachable = set(git("rev-list", "--objects", up.base, cwd=up.path).split()) - {
+        "calc.py",
+        "old.txt",
+    }
+    assert all_objects(dest) == reachable
+    for sha in (up.later, up.answer_commit, up.answer_blob):
+        with pytest.raises(GitError):
+            git("cat-file", "-e", sha, cwd=dest)
+
+
+def test_isolated_clone_shares_nothing_with_the_source(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    assert not (dest / ".git" / "objects" / "info" / "alternates").exists()
+    for f in (dest / ".git" / "objects").rglob("*"):
+        if f.is_file():
+            assert f.stat().st_nlink == 1, f  # not hardlinked into the source's store
+    shutil.rmtree(up.path)
+    assert git("log", "--format=%H", cwd=dest).split() == [up.base]
+    assert git("fsck", "--full", cwd=dest) == ""
+
+
+def test_isolated_clone_refuses_an_unknown_commit_and_an_existing_dest(
+    up: Upstream, tmp_path: Path
+) -> None:
+    with pytest.raises(GitError):
+        isolated_clone(str(up.path), "0" * 40, tmp_path / "c1")
+    (tmp_path / "c2").mkdir()
+    with pytest.raises(FileExistsError):
+        isolated_clone(str(up.path), up.base, tmp_path / "c2")
+
+
+def test_take_patch_covers_edits_new_deleted_and_binary_files(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    (dest / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (dest / "new.py").write_text("x = 1\n")
+    (dest / "old.txt").unlink()
+    (dest / "blob.bin").write_bytes(bytes(range(256)))
+    patch = take_patch(dest, up.base)
+    assert changed_files(patch) == ["blob.bin", "calc.py", "new.py", "old.txt"]
+    assert "GIT binary patch" in patch
+    # The patch reproduces the tree on a fresh clone of the base.
+    other = tmp_path / "other"
+    isolated_clone(str(up.path), up.base, other)
+    apply_patch(other, patch)
+    assert take_patch(other, up.base) == patch
+    assert (other / "blob.bin").read_bytes() == bytes(range(256))
+
+
+def test_take_patch_counts_committed_work(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    (dest / "calc.py").write_text("changed\n")
+    git("commit", "-q", "-am", "agent commit", cwd=dest)
+    assert changed_files(take_patch(dest, up.base)) == ["calc.py"]
+
+
+def test_take_patch_with_a_saved_git_dir_ignores_the_worktree_config(
+    up: Upstream, tmp_path: Path
+) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    saved = tmp_path / "saved-git"
+    shutil.copytree(dest / ".git", saved, symlinks=True)
+    pwned = tmp_path / "pwned"
+    git("config", "core.fsmonitor", f"touch {pwned}; false", cwd=dest)
+    (dest / "calc.py").write_text("changed\n")
+    patch = take_patch(dest, up.base, git_dir=saved)
+    assert changed_files(patch) == ["calc.py"]
+    assert not pwned.exists()
+    take_patch(dest, up.base)  # the control: without the saved git dir, the config runs
+    assert pwned.exists()
+
+
+def test_changed_files_lists_both_sides_of_a_rename(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    (dest / "old.txt").rename(dest / "renamed.txt")
+    patch = take_patch(dest, up.base)
+    assert "rename from old.txt" in patch
+    assert changed_files(patch) == ["old.txt", "renamed.txt"]
+
+
+def test_apply_patch(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    apply_patch(dest, "")  # nothing to apply
+    assert git("status", "--porcelain", cwd=dest) == ""
+    with pytest.raises(GitError, match="git apply"):
+        apply_patch(
+            dest,
+            "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n",
+        )
+
+
+def test_isolated_clone_over_a_url_fetches_a_commit_that_is_no_ref_tip(
+    up: Upstream, tmp_path: Path
+) -> None:
+    git("tag", "-d", "v1", cwd=up.path)
+    dest = tmp_path / "clone"
+    isolated_clone(f"file://{up.path}", up.base, dest)
+    assert git("log", "--all", "--format=%H", cwd=dest).split() == [up.base]
+    assert git("remote", cwd=dest) == ""
