@@ -14,7 +14,6 @@ from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 # The iterator the scheduler daemon uses to pick a cron schedule's ticks (private API):
 # testing against it catches a Dagster upgrade that changes its DST handling.
 from dagster._utils.schedules import cron_string_iterator
-from tests.orchestration.test_sensors import stage_run
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
@@ -34,6 +33,7 @@ from hangar_dagster.queue.window import EvalWindow, parse_window, window_from_en
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths
 from tests import factories as f
+from tests.orchestration.test_sensors import stage_run
 
 NY = ZoneInfo("America/New_York")
 UTC = datetime.UTC
