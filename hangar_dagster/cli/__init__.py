@@ -1,0 +1,1 @@
+"""``hangar``: the command line, one module per command group."""

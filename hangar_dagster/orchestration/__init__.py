@@ -1,0 +1,1 @@
+"""The Dagster layer, and the only package that imports dagster."""

@@ -23,6 +23,7 @@ from hangar_dagster.orchestration.assets import job_name, partitions
 from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG, blocker, pending
 from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.store import Store
+from hangar_dagster.settings import ensure_dagster_home
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
@@ -104,3 +105,25 @@ def run_stages(
         say(note)
     execute("index")
     return run_ids
+
+
+def run_in_flight(exp: ResolvedExperiment) -> str | None:
+    """What run of ``exp`` is in flight on the CLI's instance (described), or None."""
+    from hangar_dagster.orchestration.sensors import describe_run, in_flight, stage_runs
+
+    ensure_dagster_home()
+    with dg.DagsterInstance.get() as instance:
+        busy = in_flight(stage_runs(instance, exp))
+    return None if busy is None else describe_run(busy)
+
+
+def drive(exp: ResolvedExperiment, store: Store, say: Callable[[str], None] = print) -> list[str]:
+    """``run_stages`` on the CLI's instance (``hangar experiment run --wait`` and ``resume``)."""
+    import warnings
+
+    # Beta/preview notices about APIs we pin deliberately are noise to a CLI user.
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    ensure_dagster_home()
+    with dg.DagsterInstance.get() as instance:
+        return run_stages(exp, instance, store, say=say)

@@ -1,0 +1,1 @@
+"""Records, the results store (Parquet + DuckDB), its schema and views, and export."""

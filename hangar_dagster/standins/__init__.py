@@ -1,0 +1,1 @@
+"""Labelled stand-ins: a scripted agent and a scripted model endpoint (no model is called)."""

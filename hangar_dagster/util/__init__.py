@@ -1,0 +1,1 @@
+"""Small helpers several rooms share, with no domain rules of their own."""

@@ -1,0 +1,80 @@
+"""What the command groups share: the consoles, finding an experiment, the summary table."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hangar_dagster.settings import HangarPaths
+
+# Piped output (logs, CI) gets room for the summary table instead of rich's 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=140)
+err = Console(stderr=True)
+
+STANDIN_NOTE = "stand-in: the scripted stand-in agent (no model) produced these trials"
+
+
+def store_of(p: HangarPaths) -> Any:
+    from hangar_dagster.results.store import Store
+
+    return Store(p)
+
+
+def find_experiment(p: HangarPaths, name_or_id: str) -> Any:
+    record = store_of(p).find_experiment(name_or_id)
+    if record is None:
+        err.print(
+            f"[red]no experiment {name_or_id!r} under {p.home}[/] (`hangar experiment run SPEC` submits one)"
+        )
+        raise typer.Exit(2)
+    return record
+
+
+def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
+    table = Table(
+        title=title, caption="execution failures are retried and left out; see docs/queue.md"
+    )
+    columns = (
+        "variant",
+        "trials",
+        "passed",
+        "pass rate (pts)",
+        "admissible",
+        "execution failures",
+        "evidence failures",
+    )
+    for col in columns:
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for row in summary:
+        table.add_row(
+            row["variant"],
+            str(row["trials"]),
+            str(row["passed"]),
+            f"{row['pass_rate_pts']}",
+            str(row["admissible"]),
+            str(row["execution_failures"]),
+            str(row["evidence_failures"]),
+        )
+    return table
+
+
+def where_next(p: HangarPaths, experiment_id: str) -> None:
+    # Name the command as it can be typed here: the venv's bin is often not on PATH.
+    hangar = "hangar" if shutil.which("hangar") else sys.argv[0]
+    console.print("\nWhere to look next:")
+    console.print(
+        f"  UI (assets, partitions, lineage):  [bold]{hangar} ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)"
+    )
+    console.print(
+        f"  DuckDB (analysts):                 [bold]{p.duckdb}[/]  e.g. select * from variant_summary"
+    )
+    console.print(f"  Parquet:                           {p.parquet}")
+    console.print(f"  Index:                             {hangar} experiment get {experiment_id}")
+    console.print(
+        f"  Export:                            {hangar} experiment export {experiment_id} -o out/{experiment_id}"
+    )
