@@ -12,6 +12,7 @@ import dagster as dg
 
 from hangar_dagster.experiment.submit import stored_experiments
 from hangar_dagster.orchestration.assets import build_experiment_assets
+from hangar_dagster.orchestration.checks import build_experiment_checks
 from hangar_dagster.orchestration.jobs import build_experiment_jobs
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.schedules import build_drain_schedule, build_open_schedule
@@ -24,17 +25,20 @@ def build_definitions() -> dg.Definitions:
     ensure_dagster_home()
     p = paths()
     assets: list[dg.AssetsDefinition] = []
+    checks: list[dg.AssetChecksDefinition] = []
     jobs: list[dg.UnresolvedAssetJobDefinition] = []
     window = window_from_env()
     schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
     for exp in stored_experiments(p):
         group = build_experiment_assets(exp)
         assets += group
+        checks += build_experiment_checks(exp, group)
         experiment_jobs = build_experiment_jobs(exp, group)
         jobs += experiment_jobs
         schedules += build_open_schedule(exp, experiment_jobs, str(p.home), window)
     return dg.Definitions(
         assets=assets,
+        asset_checks=checks,
         jobs=jobs,
         sensors=[build_experiment_driver(jobs, str(p.home), window)] if jobs else [],
         schedules=schedules,

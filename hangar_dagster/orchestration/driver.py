@@ -20,7 +20,14 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.orchestration.assets import job_name, partitions
-from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG, blocker, pending
+from hangar_dagster.queue.starts import (
+    EVAL_PRIORITY,
+    EVAL_QUEUE,
+    QUEUE_TAG,
+    blocker,
+    invalid_tasks,
+    pending,
+)
 from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import ensure_dagster_home
@@ -44,6 +51,16 @@ def stage_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
     if stage == "trials":
         tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
     return tags
+
+
+def base_checks_stored(exp: ResolvedExperiment, store: Store) -> bool:
+    """Whether every task's base check is stored: then a failed base_checks run is done all the same.
+
+    Its blocking checks (orchestration/checks.py) fail the run when a task is
+    invalid; that task's trials are left out by the queue (``pending``) and the
+    experiment goes on with the others.
+    """
+    return set(exp.tasks) <= set(store.base_checks(exp.experiment_id))
 
 
 class StageFailed(RuntimeError):
@@ -72,8 +89,13 @@ def run_stages(
             job, instance, run_config=QUIET, tags=stage_tags(exp, stage), raise_on_error=False
         )
         run_ids.append(result.run_id)
-        if not result.success:
-            raise StageFailed(stage, result.run_id)
+        if result.success:
+            return
+        if stage == "base_checks" and base_checks_stored(exp, store):
+            for task, why in invalid_tasks(exp, store).items():
+                say(f"task {task} is invalid ({why}): its trials are not started")
+            return
+        raise StageFailed(stage, result.run_id)
 
     for stage in SETUP_STAGES:
         execute(stage)

@@ -23,7 +23,7 @@ import dagster as dg
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import stored_experiments
 from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE, job_name
-from hangar_dagster.orchestration.driver import SETUP_STAGES, stage_tags
+from hangar_dagster.orchestration.driver import SETUP_STAGES, base_checks_stored, stage_tags
 from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.starts import blocker, pending, schedule_grace
 from hangar_dagster.queue.window import EvalWindow
@@ -132,6 +132,9 @@ def decide(
             out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
             continue
         gap = setup_gap(runs)
+        if gap is not None and gap[0] == "base_checks" and gap[1] is not None:
+            # Failed on a blocking check (an invalid task) once every task was checked: go on.
+            gap = None if base_checks_stored(exp, store) else gap
         if gap is not None:
             stage, last = gap
             if last is None:

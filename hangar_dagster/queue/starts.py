@@ -4,7 +4,8 @@ One place answers both for the driver sensor, ``hangar experiment run --wait``
 and the trials asset, so the three never disagree:
 
 - ``pending`` lists the trial keys with no attempt yet and the infra-error
-  keys the retry rules allow again (``retries.plan_retries``);
+  keys the retry rules allow again (``retries.plan_retries``), leaving out
+  every trial of a task its base check found invalid (``invalid_tasks``);
 - ``blocker`` says why no trial may start now: the eval window is closed
   (``eval_window``), a monthly budget is spent (``budget``) or the outage
   breaker tripped (``outage``);
@@ -56,14 +57,36 @@ class Pending:
         return bool(self.new or self.retries)
 
 
+def invalid_tasks(exp: ResolvedExperiment, store: Store) -> dict[str, str]:
+    """Task -> why its base check found it invalid (the base_must_fail / reference_must_pass checks)."""
+    return {
+        t: c.reason or "invalid"
+        for t, c in store.base_checks(exp.experiment_id).items()
+        if c.invalid
+    }
+
+
 def pending(exp: ResolvedExperiment, store: Store) -> Pending:
     attempts = store.trials(exp.experiment_id, all_attempts=True)
     tried = {t.trial_key for t in attempts}
     plan = plan_retries(attempts, planned_trials=len(exp.trial_keys()))
+    # A trial of an invalid task can't be scored: it never starts (nor is retried), so isn't paid for.
+    invalid = invalid_tasks(exp, store)
+    new = [k for k in exp.trial_keys() if k.key not in tried]
+    retries = {r.trial_key: r for r in plan.retries}
+    left_out = {k.task for k in new if k.task in invalid} | {
+        t for k in retries if (t := TrialKey.parse(k).task) in invalid
+    }
+    notes = list(plan.notes)
+    if left_out:
+        notes.append(
+            "trials of invalid tasks are not started: "
+            + "; ".join(f"{t} ({invalid[t]})" for t in sorted(left_out))
+        )
     return Pending(
-        new=[k for k in exp.trial_keys() if k.key not in tried],
-        retries={r.trial_key: r for r in plan.retries},
-        notes=list(plan.notes),
+        new=[k for k in new if k.task not in invalid],
+        retries={k: r for k, r in retries.items() if TrialKey.parse(k).task not in invalid},
+        notes=notes,
     )
 
 

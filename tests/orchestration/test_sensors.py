@@ -185,3 +185,31 @@ def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
         assert [r.run_key for r in decide(instance, paths(), NIGHTLY, at).requests] == [
             f"{queued.experiment_id}:trials:2"
         ]
+
+
+def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_tasks(
+    queued: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    now = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        for stage in ("spec", "pin_sets"):
+            stage_run(instance, queued, stage)
+        stage_run(instance, queued, "base_checks", dg.DagsterRunStatus.FAILURE)
+        # Failed before every task was checked: a person looks before anything else starts.
+        store.put(f.base_check("median", experiment_id=queued.experiment_id))
+        assert decide(instance, paths(), NIGHTLY, now).requests == []
+        # Every task checked, slugify invalid: the run failed on its blocking check alone.
+        store.put(f.base_check("durations", experiment_id=queued.experiment_id))
+        store.put(
+            f.base_check(
+                "slugify",
+                experiment_id=queued.experiment_id,
+                base_passed=True,
+                invalid=True,
+                reason="hidden tests pass on base",
+            )
+        )
+        assert [r.run_key for r in decide(instance, paths(), NIGHTLY, now).requests] == [
+            f"{queued.experiment_id}:trials:1"
+        ]

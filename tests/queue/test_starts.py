@@ -17,6 +17,7 @@ from hangar_dagster.queue.starts import (
     TokenThrottle,
     blocker,
     pending,
+    record_queue_notes,
     tpm_budget,
     waiting_reason,
 )
@@ -54,6 +55,33 @@ def test_pending_lists_untried_keys_and_allowed_retries(exp: ResolvedExperiment)
     assert (retry.attempt, retry.retry_of) == (2, "run-plain-median-2-1")
     assert "plain/median/3" not in work.retries  # drift is never retried
     assert [k.key for k in work.keys][:2] == ["plain/durations/1", "plain/durations/2"]
+
+
+def test_trials_of_an_invalid_task_never_start_and_a_queue_note_says_why(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    store.put(f.base_check("slugify", experiment_id=exp.experiment_id))
+    store.put(
+        f.base_check(
+            "median",
+            experiment_id=exp.experiment_id,
+            base_passed=True,
+            invalid=True,
+            reason="hidden tests pass on base",
+        )
+    )
+    # An infra error of the invalid task is not retried either (it ran before the check said so).
+    store.put(
+        attempt(exp, "plain/median/1", 1, outcome_class="infra_error", infra_reason="preempted")
+    )
+    work = pending(exp, store)
+    assert len(work.new) == 12 and not work.retries
+    assert {k.task for k in work.keys} == {"slugify", "durations"}
+    note = "trials of invalid tasks are not started: median (hidden tests pass on base)"
+    assert note in work.notes
+    assert [n.message for n in record_queue_notes(exp, store)] == [note]
+    assert record_queue_notes(exp, store) == []  # stored once
 
 
 def test_closed_window_blocks_with_reason_eval_window(exp: ResolvedExperiment) -> None:
