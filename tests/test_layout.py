@@ -77,7 +77,7 @@ def test_the_allow_list_names_real_modules() -> None:
             m,
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="still imports dagster; delete its ALLOWED_DAGSTER_IMPORTS entry",
+                reason="allow-listed: imports dagster today; once this passes, delete the entry",
             ),
         )
         if m in ALLOWED_DAGSTER_IMPORTS
