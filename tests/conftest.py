@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated HANGAR_HOME and a copy of the bundled example with its repos built."""
+"""Shared fixtures (an isolated HANGAR_HOME, a copy of the bundled example with its repos built),
+the test tiers and the `needs_sandbox` marker."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,87 @@ from hangar_dagster.experiment.harness import freeze
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"
+
+# --- tiers -------------------------------------------------------------------------------
+# Every test module names its tier in `pytestmark`; a test that differs from its module carries
+# its own tier mark, and a test marked `needs_sandbox` is never `unit`. `pytest -m unit` is the
+# fast tier a developer runs while working; `bash scripts/test` runs all three.
+TIERS = ("unit", "integration", "slow")
+
+
+def _tier_marks(node: pytest.Item | pytest.Collector) -> set[str]:
+    return {m.name for m in node.own_markers if m.name in TIERS}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered module fails any run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems: list[str] = []
+    modules: set[pytest.Module] = set()
+    resolved: list[tuple[pytest.Item, str]] = []
+    for item in items:
+        module = item.getparent(pytest.Module)
+        if module is not None:
+            modules.add(module)
+        own = _tier_marks(item)
+        declared = _tier_marks(module) if module is not None else set()
+        tier = own or declared
+        if len(tier) != 1:
+            where = item.nodeid if own else item.nodeid.split("::")[0]
+            problems.append(
+                f"{where}: {'two tiers ' + str(sorted(tier)) if tier else 'no tier'};"
+                f" set pytestmark to one of {', '.join(TIERS)} (tests/conftest.py)"
+            )
+            continue
+        (name,) = tier
+        if name == "unit" and item.get_closest_marker("needs_sandbox") is not None:
+            name = "integration"
+        resolved.append((item, name))
+        for mark in item.iter_markers("needs_sandbox"):
+            if mark.args not in [(b,) for b in SANDBOX_NEEDS]:
+                problems.append(
+                    f"{item.nodeid}: needs_sandbox takes one of {sorted(SANDBOX_NEEDS)}"
+                )
+    if problems:
+        raise pytest.UsageError("\n".join(sorted(set(problems))))
+    # A test's own tier wins over its module's: the module's mark becomes a per-test mark, so
+    # that `-m unit` does not pick a slow test out of a unit module.
+    for module in modules:
+        module.own_markers[:] = [m for m in module.own_markers if m.name not in TIERS]
+    for item, name in resolved:
+        item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
+        item.add_marker(name)
+
+
+# --- sandbox backends ----------------------------------------------------------------------
+# What each `needs_sandbox(...)` name needs, and how to say it is missing.
+SANDBOX_NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
+    "bwrap": (lambda: shutil.which("bwrap") is not None, "bwrap (Debian package bubblewrap)"),
+    "unshare": (lambda: shutil.which("unshare") is not None, "unshare (package util-linux)"),
+    "root": (lambda: os.geteuid() == 0, "root (the uid split between agent and grader)"),
+}
+ALLOW_MISSING_SANDBOX = "HANGAR_ALLOW_MISSING_SANDBOX"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A missing backend skips on a developer's machine and fails in CI, unless opted out.
+
+    A skip in CI would pass the run green with the adversarial and isolation suites unrun.
+    """
+    for mark in item.iter_markers("needs_sandbox"):
+        available, what = SANDBOX_NEEDS[mark.args[0]]
+        if available():
+            continue
+        if _flag("CI") and not _flag(ALLOW_MISSING_SANDBOX):
+            pytest.fail(
+                f"CI={os.environ['CI']} and this test needs {what}, which is missing here;"
+                f" install it, or set {ALLOW_MISSING_SANDBOX}=1 to skip such tests",
+                pytrace=False,
+            )
+        pytest.skip(f"needs {what}")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "skills-ab"
 TASKS = ("median", "slugify", "durations")
 
 
-pytestmark = pytest.mark.usefixtures("hangar_home")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("hangar_home")]
 
 
 def make_repos(out: Path) -> None:

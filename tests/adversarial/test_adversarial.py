@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from hangar_dagster.grading.grader import grade_trial
 from hangar_dagster.results.records import BaseCheckRecord, GradeRecord
 from hangar_dagster.settings import HangarPaths
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 TRUST = "isolated" if os.geteuid() == 0 else "best_effort"
 
 

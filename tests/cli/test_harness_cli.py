@@ -14,6 +14,8 @@ import yaml
 from hangar_dagster.experiment.harness import HarnessError, freeze, thaw
 from tests.conftest import hangar
 
+pytestmark = pytest.mark.integration
+
 SKILL = "# Care\nRead the failing test before editing.\n"
 
 

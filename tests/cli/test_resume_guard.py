@@ -6,10 +6,13 @@ import uuid
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.settings import ensure_dagster_home, paths
 from tests.conftest import command_agent_spec, hangar, write_spec
+
+pytestmark = pytest.mark.integration
 
 
 def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,8 @@ from hangar_dagster.trials.sandbox.bwrap import BwrapSandbox
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.conftest import command_agent_spec, write_spec
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.unit
+needs_bwrap = pytest.mark.needs_sandbox("bwrap")
 
 EDIT = "echo '# touched' >> stats.py"
 

@@ -12,6 +12,8 @@ from hangar_dagster.experiment.submit import submit
 from hangar_dagster.settings import paths
 from tests.conftest import EXAMPLE, command_agent_spec, write_spec
 
+pytestmark = pytest.mark.unit
+
 
 def pinned_spec(example_dir: Path, tmp_path: Path, name: str, pins: object) -> Path:
     """The one-task command-harness spec (cli sh, version 1) with ``pins`` as its registry's file."""

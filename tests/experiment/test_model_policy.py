@@ -32,6 +32,8 @@ from hangar_dagster.settings import HangarPaths, paths
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.conftest import command_agent_spec, hangar, write_spec
 
+pytestmark = pytest.mark.unit
+
 SHIPPED_SONNET = "claude-sonnet-4-5-20250929"
 
 
@@ -185,6 +187,7 @@ def test_submit_refuses_an_alias_naming_the_policies(
     assert ordinary.variants["v"].model_concrete_basis is None
 
 
+@pytest.mark.integration
 def test_hangar_grade_does_not_refuse_an_alias(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
@@ -194,6 +197,7 @@ def test_hangar_grade_does_not_refuse_an_alias(
     assert "refused" not in result.stderr
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_a_policy_resolves_once_and_every_trial_runs_and_records_that_id(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
@@ -246,6 +250,7 @@ def test_a_pattern_basis_is_noted_on_the_experiment(
     assert "dated shape" in notes[0].message
 
 
+@pytest.mark.integration
 def test_an_alias_declared_after_submit_stops_the_experiment_at_start(
     example_dir: Path, hangar_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,6 +312,7 @@ def models_api() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.mark.integration
 def test_refresh_caches_the_provider_list_the_policies_then_read(
     tmp_path: Path, models_api: str
 ) -> None:

@@ -24,6 +24,8 @@ from hangar_dagster.settings import paths
 from tests.conftest import EXAMPLE, hangar, write_spec
 from tests.factories import trial
 
+pytestmark = pytest.mark.unit
+
 APPEND = "Before you stop, run the visible check a second time."
 
 
@@ -249,6 +251,7 @@ def test_overlay_experiment_runs_pins_and_freezes_into_locks_that_reproduce_the_
     assert not (tmp_path / "other.yaml").exists()
 
 
+@pytest.mark.integration
 def test_freeze_variants_without_a_finished_trial_names_the_variants(
     example_dir: Path, tmp_path: Path
 ) -> None:

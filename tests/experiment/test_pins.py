@@ -14,6 +14,8 @@ from hangar_dagster.experiment.pins import (
 )
 from hangar_dagster.experiment.spec import Environment
 
+pytestmark = pytest.mark.unit
+
 
 def inputs() -> dict[str, Any]:
     return {

@@ -10,6 +10,8 @@ import pytest
 
 from hangar_dagster.experiment.spec import SpecError, json_schema, load_spec, parse_spec
 
+pytestmark = pytest.mark.unit
+
 LOCK = "plain@sha256:" + "a" * 64
 
 

@@ -14,6 +14,8 @@ from hangar_dagster.settings import paths
 from hangar_dagster.util.gitrepo import git
 from tests.conftest import hangar
 
+pytestmark = pytest.mark.unit
+
 
 def edited_spec(example_dir: Path, tmp_path: Path, edit: dict[str, object]) -> Path:
     data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
@@ -94,6 +96,7 @@ def test_a_lock_edited_after_freezing_is_refused(
         submit(copy / "experiment.yaml", paths())
 
 
+@pytest.mark.integration
 def test_cli_refuses_a_bad_spec_lists_every_problem_and_writes_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import hangar
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 
 def flat(text: str) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
 from hangar_dagster.grading.junit import parse_junit_bytes
 from hangar_dagster.grading.signals import tamper_signals
 from hangar_dagster.trials.sandbox import RunAs
+
+pytestmark = pytest.mark.unit
 
 
 def junit(*cases: str) -> bytes:

@@ -7,6 +7,8 @@ import pytest
 from hangar_dagster.grading.grader import decide
 from hangar_dagster.grading.junit import JunitResult
 
+pytestmark = pytest.mark.unit
+
 
 def report(
     total: int, passed: int, failed: int = 0, errors: int = 0, skipped: int = 0

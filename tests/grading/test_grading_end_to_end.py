@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from hangar_dagster.results.records import BaseCheckRecord, TrialRecord
 from hangar_dagster.settings import HangarPaths, paths
 from hangar_dagster.trials.canary import MASK
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 FORCE_PASS_CONFTEST = (
     "import pytest\n\n\n"

@@ -18,6 +18,8 @@ from hangar_dagster.grading.grader import (
     write_hidden_files,
 )
 
+pytestmark = pytest.mark.unit
+
 CANARY = "HANGAR-CANARY-feedface"
 
 

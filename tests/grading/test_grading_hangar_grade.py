@@ -12,6 +12,8 @@ from grading_builders import BUGGY, write
 from hangar_dagster.grading.hangar_grade import main, pytest_command
 from hangar_dagster.grading.junit import parse_junit
 
+pytestmark = pytest.mark.integration
+
 HANGAR_GRADE = Path(sys.executable).with_name("hangar-grade")
 
 # Each of these would make the failing hidden test pass, or run code before pytest, if loaded.

@@ -9,7 +9,6 @@ the seam used here.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from hangar_dagster.grading import grader
 from hangar_dagster.grading.grader import run_grader, tree_digest, write_hidden_files
 from hangar_dagster.settings import HangarPaths, paths
 from hangar_dagster.trials.sandbox import Sandbox, SandboxRequest, SandboxResult, get_sandbox
+
+pytestmark = pytest.mark.unit
 
 Change = Callable[[Path], None]
 
@@ -71,7 +72,7 @@ def test_tree_digest_sees_every_kind_of_change(change: Change, tmp_path: Path) -
     assert tree_digest(hidden) != before
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="changing the owner needs root")
+@pytest.mark.needs_sandbox("root")  # changing the owner needs root
 def test_tree_digest_sees_a_new_owner(tmp_path: Path) -> None:
     hidden = tmp_path / "hidden"
     hidden.mkdir()
@@ -98,7 +99,7 @@ class ChangesHiddenAfterRun(Sandbox):
         return result
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.needs_sandbox("bwrap")
 @pytest.mark.parametrize(
     "change", [None, rewrite_test, add_conftest], ids=["none", "content", "added_conftest"]
 )

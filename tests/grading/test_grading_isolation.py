@@ -6,7 +6,6 @@ tests assert on what they observe from inside.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from grading_builders import experiment
 from hangar_dagster.grading.grader import run_grader
 from hangar_dagster.settings import HangarPaths, paths
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 # Every variable the grader sets (docs/grading.md), and those a plain pytest run adds itself.
 GRADER_ENV = {

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hangar_dagster.grading.junit import MAX_BYTES, parse_junit, parse_junit_bytes
+
+pytestmark = pytest.mark.unit
 
 VALID = b"""<?xml version="1.0" encoding="utf-8"?>
 <testsuites name="pytest tests">

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from grading_builders import PatchMaker, commit_all, write
 
 from hangar_dagster.grading.signals import canary_hits, file_diffs, tamper_signals, touched_tests
 from hangar_dagster.util.gitrepo import git, take_patch
+
+pytestmark = pytest.mark.unit
 
 # Long enough that a change deep in a section shows no section header in its hunk.
 PYPROJECT = """[project]

@@ -21,6 +21,8 @@ EMPTY = {"total": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
 BOTH_PASS = {"total": 2, "passed": 2, "failed": 0, "errors": 0, "skipped": 0}
 ONE_FAILS = {"total": 2, "passed": 1, "failed": 1, "errors": 0, "skipped": 0}
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_valid_task_fails_on_base_and_passes_on_its_reference() -> None:
     check = f.base_check(base_counts=ONE_FAILS, reference_counts=BOTH_PASS)

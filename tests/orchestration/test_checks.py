@@ -9,7 +9,6 @@ results are read back the way the UI reads them: per check and partition.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,8 @@ from hangar_dagster.queue.starts import pending
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths
 from tests.conftest import hangar, write_spec
+
+pytestmark = pytest.mark.integration
 
 PASSES_ON_BASE = {"test_hidden_slug.py": "def test_nothing_to_fix():\n    assert True\n"}
 GRADE_CHECKS = {
@@ -132,7 +133,7 @@ def test_each_stage_job_runs_the_checks_of_its_assets(
     assert by_job["trials"] == {k for k in specs if k.asset_key == grades}
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.needs_sandbox("bwrap")
 def test_an_invalid_task_is_red_its_trials_never_start_and_grades_are_checked(
     invalid_slugify: ResolvedExperiment, hangar_home: Path, instance: dg.DagsterInstance
 ) -> None:
@@ -200,7 +201,7 @@ def test_an_invalid_task_is_red_its_trials_never_start_and_grades_are_checked(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.needs_sandbox("bwrap")
 def test_run_wait_completes_an_experiment_with_an_invalid_task_and_get_says_so(
     example_dir: Path, tmp_path: Path
 ) -> None:

@@ -16,6 +16,8 @@ from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.settings import ensure_dagster_home, paths
 
+pytestmark = pytest.mark.integration
+
 
 def test_definitions_load_with_no_experiments(hangar_home: Path) -> None:
     defs = build_definitions()

@@ -35,6 +35,8 @@ from hangar_dagster.settings import paths
 from tests import factories as f
 from tests.orchestration.test_sensors import stage_run
 
+pytestmark = pytest.mark.unit
+
 NY = ZoneInfo("America/New_York")
 UTC = datetime.UTC
 SECOND = datetime.timedelta(seconds=1)
@@ -255,6 +257,7 @@ def started(data: ScheduleExecutionData, exp: ResolvedExperiment, night: str) ->
     ("opens", "utc_hour"),
     [pytest.param(ny(2027, 1, 15, 20), 1, id="winter"), pytest.param(ny(2027, 7, 15, 20), 0, id="summer")],
 )  # fmt: skip
+@pytest.mark.integration
 def test_opening_starts_the_waiting_trials_at_eight_new_york(
     waiting: ResolvedExperiment, opens: datetime.datetime, utc_hour: int
 ) -> None:
@@ -272,6 +275,7 @@ def test_opening_starts_the_waiting_trials_at_eight_new_york(
         started(opening.tick(instance, opens), waiting, f"{opens:%Y-%m-%d}")
 
 
+@pytest.mark.integration
 def test_opening_at_two_in_the_afternoon_skips_with_eval_window(
     waiting: ResolvedExperiment,
 ) -> None:
@@ -286,6 +290,7 @@ def test_opening_at_two_in_the_afternoon_skips_with_eval_window(
     )
 
 
+@pytest.mark.integration
 def test_opening_after_the_spring_forward_night(waiting: ResolvedExperiment) -> None:
     nightly, gap = window_from_env({}), parse_window("02:30-04:00")
     # 2027-03-14, 02:00 EST -> 03:00 EDT: eight o'clock moves from 01:00 to 00:00 UTC ...
@@ -306,6 +311,7 @@ def test_opening_after_the_spring_forward_night(waiting: ResolvedExperiment) -> 
         started(in_gap.tick(instance, three), waiting, "2027-03-14")
 
 
+@pytest.mark.integration
 def test_opening_skips_and_says_why(waiting: ResolvedExperiment, example_dir: Path) -> None:
     opens = ny(2027, 1, 15, 20)
     opening = Opening(waiting, window_from_env({}))

@@ -20,6 +20,8 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths
 from tests import factories as f
 
+pytestmark = pytest.mark.integration
+
 NY = ZoneInfo("America/New_York")
 NIGHTLY = parse_window("20:00-00:15")
 

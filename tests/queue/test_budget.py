@@ -29,6 +29,8 @@ from hangar_dagster.settings import paths
 from tests.conftest import hangar
 from tests.experiment.test_submit import edited_spec
 
+pytestmark = pytest.mark.unit
+
 NOV = dt.datetime(2026, 11, 15, 12, tzinfo=dt.UTC)
 NY = dt.timezone(dt.timedelta(hours=-5))  # New York in November (EST)
 
@@ -233,6 +235,7 @@ def test_submit_names_a_bad_cap_variable(
     assert not hangar_home.exists()
 
 
+@pytest.mark.integration
 def test_cli_eval_budget_shows_the_month_per_author_and_experiment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,6 +30,8 @@ from hangar_dagster.trials.trial import InfraError, TrialRequest, _drained
 from tests.conftest import cli_env, command_agent_spec, write_spec
 from tests.orchestration.test_eval_daemon import FIX_MEDIAN
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_watcher_cancels_every_trial_it_handed_out() -> None:
     go = threading.Event()

@@ -22,6 +22,8 @@ from hangar_dagster.trials.trial import RAW_PATCH, STARTED_MARKER, TrialRequest,
 from tests import factories as f
 from tests.conftest import hangar
 
+pytestmark = pytest.mark.unit
+
 AT = dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)
 
 
@@ -166,6 +168,7 @@ def test_queue_notes_are_written_not_only_shown(exp: ResolvedExperiment) -> None
     assert in_sql == (len(stored),)
 
 
+@pytest.mark.integration
 def test_get_shows_every_attempt_not_only_the_highest(
     exp: ResolvedExperiment, hangar_home: Path
 ) -> None:

@@ -27,6 +27,8 @@ from hangar_dagster.queue.retries import (
 )
 from hangar_dagster.results.records import GradeRecord, TrialRecord
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parents[2] / "hangar_dagster"
 MANY = 1000  # planned trials when a test is not about the 10% cap
 

@@ -27,6 +27,8 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths
 from tests import factories as f
 
+pytestmark = pytest.mark.unit
+
 NY = ZoneInfo("America/New_York")
 AT_NIGHT = dt.datetime(2026, 11, 29, 21, 0, tzinfo=NY)
 NIGHTLY = parse_window("20:00-00:15")

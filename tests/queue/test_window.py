@@ -9,6 +9,8 @@ import pytest
 
 from hangar_dagster.queue.window import EvalWindow, WindowError, parse_window, window_from_env
 
+pytestmark = pytest.mark.unit
+
 NY = ZoneInfo("America/New_York")
 UTC = datetime.UTC
 SECOND = datetime.timedelta(seconds=1)

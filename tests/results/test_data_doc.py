@@ -13,6 +13,8 @@ import pytest
 from hangar_dagster.results.schema import TABLES
 from hangar_dagster.results.store import Store
 
+pytestmark = pytest.mark.unit
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "data.md"
 
 

@@ -11,6 +11,8 @@ import pytest
 from hangar_dagster.results.export import ExportError, export_experiment
 from hangar_dagster.trials.canary import MASK, new_canary
 
+pytestmark = pytest.mark.unit
+
 
 def test_export_writes_every_attempt_and_masks_the_canary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

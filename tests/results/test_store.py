@@ -15,6 +15,8 @@ import pytest
 
 from hangar_dagster.results.store import DuplicateRecordError, Store
 
+pytestmark = pytest.mark.unit
+
 
 def _duck_rows(store: Store, sql: str) -> list[tuple[object, ...]]:
     con = duckdb.connect(str(store.paths.duckdb), read_only=True)

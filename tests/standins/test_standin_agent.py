@@ -37,6 +37,8 @@ from hangar_dagster.trials.sandbox import SandboxResult, SandboxUnavailable, get
 from hangar_dagster.util.gitrepo import take_patch
 from tests.gitfixtures import CALC, make_clone
 
+pytestmark = pytest.mark.unit
+
 VERIFY = "python -c 'import calc; assert calc.add(2, 3) == 5'"
 PLAYBOOK = {
     "calc": {
@@ -271,6 +273,7 @@ def test_adapter_is_registered_as_the_standin() -> None:
     assert isinstance(agent, StandinAgent) and agent.is_standin and agent.name == "standin"
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_adapter_in_bwrap_fixes_and_fingerprints_what_it_saw(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, rate=0.0, skill=SKILL)  # 0.25 from the skill
     seed = seed_where(True, False, 0.25)
@@ -299,6 +302,7 @@ def test_adapter_in_bwrap_fixes_and_fingerprints_what_it_saw(tmp_path: Path) -> 
     assert result_file(ctx.out_dir).read_text().startswith("# calc")
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_skills_changed_after_pinning_are_reported_as_seen_and_drift(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, rate=0.0, skill=SKILL)
     pinned = harness_fingerprint(lock, lock.model)
@@ -320,6 +324,7 @@ def test_skills_changed_after_pinning_are_reported_as_seen_and_drift(tmp_path: P
     assert str(drift.summary()).startswith("harness: harness ")
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_plugins_changed_after_pinning_are_drift(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, rate=0.0, plugin='{"name": "lint"}\n')
     pinned = harness_fingerprint(lock, lock.model)
@@ -335,6 +340,7 @@ def test_plugins_changed_after_pinning_are_drift(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_adapter_in_bwrap_retries_after_a_failed_check(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, rate=0.5)
     seed = seed_where(False, True, 0.5)
@@ -353,6 +359,7 @@ def test_adapter_in_bwrap_retries_after_a_failed_check(tmp_path: Path) -> None:
     assert "+    return a + b" in take_patch(clone, sha)
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_adapter_in_bwrap_gives_up_without_a_retry(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, rate=0.5)
     seed = seed_where(False, False, 0.5)
@@ -369,6 +376,7 @@ def test_adapter_in_bwrap_gives_up_without_a_retry(tmp_path: Path) -> None:
     assert "abs(a - b)" in take_patch(clone, sha)
 
 
+@pytest.mark.needs_sandbox("bwrap")
 def test_adapter_sees_only_its_own_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,8 @@ import pytest
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ScriptError, ToolCall
 from hangar_dagster.standins.model.server import SIDE_REPLY
 
+pytestmark = pytest.mark.unit
+
 MODEL = "claude-sonnet-4-5-20250929"
 TOOLS = [{"name": "Write", "input_schema": {"type": "object"}}]
 WRITE = ToolCall("Write", {"file_path": "notes/a.txt", "content": "line one\nline two\n" * 5})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -27,6 +26,8 @@ from hangar_dagster.trials.model_proxy import (
     upstream_url,
 )
 from hangar_dagster.trials.sandbox import SandboxRequest, get_sandbox
+
+pytestmark = pytest.mark.unit
 
 SECRET = "sk-ant-proxy-test-key-never-in-a-sandbox"
 MODEL = "claude-sonnet-4-5-20250929"
@@ -125,7 +126,7 @@ def test_the_proxy_swaps_the_key_streams_and_logs(
     assert SECRET not in (ctx.out_dir / "egress.jsonl").read_text()
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.needs_sandbox("bwrap")
 def test_a_sandbox_without_network_reaches_the_endpoint_through_the_forwarder(
     endpoint: ScriptedEndpoint, tmp_path: Path
 ) -> None:
@@ -155,7 +156,7 @@ def test_a_sandbox_without_network_reaches_the_endpoint_through_the_forwarder(
     assert [e["status"] for e in egress_lines(ctx)] == [200]
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.needs_sandbox("bwrap")
 def test_the_forwarder_passes_on_the_exit_status(
     endpoint: ScriptedEndpoint, tmp_path: Path
 ) -> None:

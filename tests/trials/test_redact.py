@@ -15,6 +15,8 @@ from hangar_dagster.trials.canary import MASK
 from hangar_dagster.trials.redact import redact, secret_values
 from tests.conftest import command_agent_spec, hangar, write_spec
 
+pytestmark = pytest.mark.unit
+
 CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
 # Built here, not written whole, so no scanner takes the test file for a leak.
 ANTHROPIC = "sk-ant-api03-" + "Qx7" * 14

@@ -25,7 +25,7 @@ from hangar_dagster.trials.canary import MASK
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.gitfixtures import Upstream
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
@@ -134,7 +134,7 @@ def trial(exp: ResolvedExperiment, paths: HangarPaths, attempt: int = 1) -> tupl
         "bwrap",
         pytest.param(
             "unshare",
-            marks=pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare"),
+            marks=pytest.mark.needs_sandbox("unshare"),
         ),
     ],
 )

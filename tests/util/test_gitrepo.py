@@ -19,6 +19,8 @@ from hangar_dagster.util.gitrepo import (
 )
 from tests.gitfixtures import Upstream
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def up(tmp_path: Path) -> Upstream:

@@ -32,7 +32,7 @@ from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 PACKAGE = "@anthropic-ai/claude-code"
 VERSION = VERSIONS[PACKAGE]

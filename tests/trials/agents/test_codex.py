@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,8 @@ MODEL = "gpt-5-2025-08-07"
 SECRET = "sk-proj-test-0000-not-a-real-key-but-secret"
 MEMORY_MB = 8192  # the Rust binary reserves a large address space
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.integration
+needs_bwrap = pytest.mark.needs_sandbox("bwrap")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hangar_dagster.trials.sandbox import get_sandbox
 from hangar_dagster.util.gitrepo import take_patch
 from tests.gitfixtures import make_clone
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 FIX = "sed -i 's/a - b/a + b/' calc.py"
 EVENTS = (

@@ -15,6 +15,8 @@ from hangar_dagster.trials.agents import get_agent, mini_swe
 from hangar_dagster.trials.agents.install import BIN_DIR_VAR, place_lock_files, prompt
 from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock
 
+pytestmark = pytest.mark.unit
+
 MODEL = "gpt-5-2025-08-07"
 
 

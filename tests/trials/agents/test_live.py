@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from tests.conftest import command_agent_spec, write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.test_command import make_lock
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.unit
+needs_bwrap = pytest.mark.needs_sandbox("bwrap")
 
 USAGE = '{"type": "usage", "tokens_in": 10, "cost_usd": 0.1}'
 # Spends 0.1 USD every 0.1 s for a minute unless something stops it.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -45,7 +44,8 @@ MODEL = "gpt-5-2025-08-07"
 SECRET = "sk-proj-test-1111-not-a-real-key-but-secret"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.integration
+needs_bwrap = pytest.mark.needs_sandbox("bwrap")
 
 
 @pytest.fixture(scope="module")

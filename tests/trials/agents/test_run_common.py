@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from hangar_dagster.trials.agents import AgentContext, run_common
 from hangar_dagster.trials.model_proxy import ModelAccess
 from hangar_dagster.trials.sandbox import Mount, SandboxResult
 from tests.trials.agents.cli_locks import cli_context, freeze_cli_lock
+
+pytestmark = pytest.mark.unit
 
 
 def context(tmp_path: Path) -> AgentContext:

@@ -1,24 +1,13 @@
-"""Both local sandbox backends, each skipped where its binary is missing."""
+"""Both local sandbox backends, each needing its binary (`needs_sandbox`, tests/conftest.py)."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
 from hangar_dagster.trials.sandbox import Sandbox, get_sandbox
 
 BACKENDS = [
-    pytest.param(
-        name,
-        marks=pytest.mark.skipif(
-            shutil.which(binary) is None, reason=f"{binary} not installed ({package})"
-        ),
-    )
-    for name, binary, package in (
-        ("bwrap", "bwrap", "bubblewrap"),
-        ("unshare", "unshare", "util-linux"),
-    )
+    pytest.param(name, marks=pytest.mark.needs_sandbox(name)) for name in ("bwrap", "unshare")
 ]
 
 

@@ -19,6 +19,8 @@ from hangar_dagster.trials.sandbox import (
 )
 from hangar_dagster.trials.sandbox._common import PACKAGE_DIR, runtime_dirs
 
+pytestmark = pytest.mark.integration
+
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from hangar_dagster.trials.sandbox import RunAs, Sandbox, SandboxRequest, get_sandbox
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid split needs root")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("root")]
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 UID = 2_000_000_123

@@ -1,0 +1,72 @@
+"""The folder is the architecture: one package per room, and only orchestration imports dagster."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hangar_dagster"
+
+# The rooms (docs/architecture.md); a new one is added here and in the docs together.
+ROOMS = {
+    "experiment",
+    "trials",
+    "grading",
+    "results",
+    "queue",
+    "orchestration",
+    "cli",
+    "standins",
+    "util",
+}
+TOP_MODULES = {"__init__.py", "settings.py"}
+
+
+def dagster_imports(path: Path) -> list[str]:
+    """Every `import dagster...` / `from dagster... import` in the file, nested ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] == "dagster"]
+    return found
+
+
+def outside_orchestration() -> list[str]:
+    return sorted(
+        p.relative_to(PACKAGE.parent).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if "orchestration" not in p.relative_to(PACKAGE).parts
+    )
+
+
+def test_the_scan_sees_nested_and_dotted_imports(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import os, dagster_pipes\n"
+        "from . import dagster\n"
+        "def f():\n"
+        "    import dagster.core as dc\n"
+        "    from dagster import asset\n"
+    )
+    assert dagster_imports(src) == ["line 4: dagster.core", "line 5: dagster"]
+
+
+@pytest.mark.parametrize("module", outside_orchestration())
+def test_only_orchestration_imports_dagster(module: str) -> None:
+    assert dagster_imports(PACKAGE.parent / module) == []
+
+
+def test_the_package_has_only_its_rooms_and_top_modules() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    modules = {p.name for p in PACKAGE.glob("*.py")}
+    assert packages - ROOMS == set(), "a new room goes in ROOMS and docs/architecture.md together"
+    assert modules - TOP_MODULES == set(), "a flat module belongs in one of the rooms"
