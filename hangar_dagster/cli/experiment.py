@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -22,8 +22,11 @@ from hangar_dagster.cli.common import (
 )
 from hangar_dagster.cli.ui import notify_webserver
 from hangar_dagster.experiment.spec import SpecError, json_schema
-from hangar_dagster.experiment.state import State
+from hangar_dagster.experiment.state import Refusal, State
 from hangar_dagster.settings import HangarPaths, ensure_dagster_home, paths
+
+if TYPE_CHECKING:
+    from hangar_dagster.orchestration.status import RunStatus
 
 app = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 
@@ -297,7 +300,7 @@ def _list_table(p: HangarPaths, shown: list[dict[str, Any]]) -> Table:
 
 
 def experiment_rows(p: HangarPaths) -> list[dict[str, Any]]:
-    """One row per stored experiment, oldest first; the state from ``catalog.experiment_state``."""
+    """One row per stored experiment, oldest first; the state from ``state.experiment_state``."""
     import datetime as dt
 
     from hangar_dagster.experiment.catalog import archived_ids
@@ -391,7 +394,7 @@ def archive_cmd(
     work = pending(load_resolved(p, eid), store)
     last = store.trial_progress().get(eid, (0, None))[1]
 
-    def check(force: bool, runs: Any) -> Any:
+    def check(force: bool, runs: RunStatus) -> Refusal | None:
         return archive_refusal(
             in_flight=runs.in_flight.get(eid),
             pending_trials=len(work.keys),
@@ -400,7 +403,7 @@ def archive_cmd(
             force=force,
         )
 
-    def refuse(why: Any) -> None:
+    def refuse(why: Refusal) -> NoReturn:
         err.print(f"[red]refused:[/] {eid}: {escape(why.message)}; {escape(why.fix)}")
         raise typer.Exit(2)
 
