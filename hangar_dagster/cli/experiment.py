@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -22,7 +22,11 @@ from hangar_dagster.cli.common import (
 )
 from hangar_dagster.cli.ui import notify_webserver
 from hangar_dagster.experiment.spec import SpecError, json_schema
+from hangar_dagster.experiment.state import Refusal, State
 from hangar_dagster.settings import HangarPaths, ensure_dagster_home, paths
+
+if TYPE_CHECKING:
+    from hangar_dagster.orchestration.status import RunStatus
 
 app = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 
@@ -67,6 +71,7 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
 
     p = paths()
     exp = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
+    _refuse_if_archived(p, exp.experiment_id, "resume")
     busy = run_in_flight(exp)
     if busy is not None:  # running beside it would run (and pay for) the same trials twice
         err.print(
@@ -76,6 +81,17 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
         )
         raise typer.Exit(2)
     _drive(p, exp)
+
+
+def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
+    from hangar_dagster.experiment.catalog import read_archived
+
+    if read_archived(p, experiment_id) is not None:  # its jobs are not in the definitions
+        err.print(
+            f"[red]refused:[/] {experiment_id} is archived, so its jobs are not loaded; "
+            f"`hangar experiment unarchive {experiment_id}` first, then {what}"
+        )
+        raise typer.Exit(2)
 
 
 def _drive(p: HangarPaths, exp: Any) -> None:
@@ -103,6 +119,7 @@ def get_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the index as JSON.")] = False,
 ) -> None:
     """Show an experiment's pins, summary and per-trial index."""
+    from hangar_dagster.experiment.catalog import read_archived
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.trials.redact import redact
 
@@ -110,8 +127,10 @@ def get_cmd(
     record = find_experiment(p, name_or_id)
     store = store_of(p)
     canary = load_resolved(p, record.experiment_id).canary
+    archived = read_archived(p, record.experiment_id)
     out = {
         "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
+        "archived": None if archived is None else archived.model_dump(mode="json"),
         "pins": {
             v: pin.model_dump(mode="json") for v, pin in store.pins(record.experiment_id).items()
         },
@@ -122,7 +141,7 @@ def get_cmd(
         "trials": store.index(record.experiment_id),
         "attempts": _attempts(store.trials(record.experiment_id, all_attempts=True)),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
-        "queue": _queue_state(load_resolved(p, record.experiment_id), store),
+        "queue": _queue_state(load_resolved(p, record.experiment_id), store, archived is not None),
     }
     out = redact(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
@@ -131,6 +150,12 @@ def get_cmd(
     console.print(
         f"[bold]{record.experiment_id}[/]  {record.name} by {record.author}, submitted {record.submitted_at:%Y-%m-%d %H:%M %Z}"
     )
+    if archived is not None:
+        console.print(
+            f"  [yellow]archived[/] {archived.at:%Y-%m-%d %H:%M %Z} by {escape(archived.by)}"
+            + (f" (forced, {archived.pending_trials} trial(s) given up)" if archived.forced else "")
+            + f"; not in the loaded definitions (`hangar experiment unarchive {record.experiment_id}`)"
+        )
     for variant, pin in out["pins"].items():
         console.print(f"  {variant}: {pin['pin_set']}  {pin['harness_lock']}  model {pin['model']}")
     for task, check in out["base_checks"].items():
@@ -191,8 +216,11 @@ def _attempts(trials: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _queue_state(exp: Any, store: Any) -> dict[str, Any]:
-    """What the eval queue still has for the experiment and why it waits (e.g. reason eval_window)."""
+def _queue_state(exp: Any, store: Any, archived: bool) -> dict[str, Any]:
+    """What the eval queue still has for the experiment and why it waits (e.g. reason eval_window).
+
+    An archived experiment's pending trials (archived with --force) wait for its unarchive.
+    """
     import datetime as dt
 
     from hangar_dagster.queue.starts import pending, waiting_reason
@@ -200,6 +228,8 @@ def _queue_state(exp: Any, store: Any) -> dict[str, Any]:
 
     work = pending(exp, store)
     why = waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+    if work and archived:
+        why = "archived: `hangar experiment unarchive` lets them run"
     return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
 
 
@@ -220,6 +250,211 @@ def export_cmd(
         store_of(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary
     )
     console.print(f"exported {record.experiment_id} to {target}")
+
+
+@app.command("list")
+def list_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Archived experiments too (hidden by default).")
+    ] = False,
+    state: Annotated[
+        State | None, typer.Option("--state", help="Only experiments in this state.")
+    ] = None,
+) -> None:
+    """Every experiment with its state (waiting, running, complete, archived) and trials done."""
+    p = paths()
+    rows = experiment_rows(p)
+    shown = [
+        r
+        for r in rows
+        if (r["state"] == state if state is not None else show_all or r["state"] != "archived")
+    ]
+    if as_json:
+        print(json.dumps(shown, indent=2))
+        return
+    hidden = sum(r["state"] == "archived" for r in rows) if state is None and not show_all else 0
+    if not shown:
+        console.print(f"no {f'{state} ' if state else ''}experiments under {p.home}")
+    else:
+        console.print(_list_table(p, shown))
+    if hidden:
+        console.print(f"{hidden} archived experiment(s) not shown; --all shows them")
+
+
+def _list_table(p: HangarPaths, shown: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"experiments under {p.home}")
+    for col in ("experiment", "name", "author", "submitted", "state", "trials done", "why"):
+        table.add_column(col, justify="right" if col == "trials done" else "left")
+    for r in shown:
+        table.add_row(
+            r["experiment_id"],
+            escape(r["name"]),
+            escape(r["author"]),
+            r["submitted_at"][:16].replace("T", " "),
+            r["state"],
+            f"{r['trials_done']}/{r['trials_planned']}",
+            escape(r["why"] or ""),
+        )
+    return table
+
+
+def experiment_rows(p: HangarPaths) -> list[dict[str, Any]]:
+    """One row per stored experiment, oldest first; the state from ``state.experiment_state``."""
+    import datetime as dt
+
+    from hangar_dagster.experiment.catalog import archived_ids
+    from hangar_dagster.experiment.state import experiment_state
+    from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.queue.starts import pending, waiting_reason
+    from hangar_dagster.queue.window import window_from_env
+
+    store = store_of(p)
+    records = [r for r in store.experiments() if p.experiment_dir(r.experiment_id).is_dir()]
+    if not records:
+        return []
+    from hangar_dagster.orchestration.status import run_status  # dagster: only when there is a row
+
+    runs = run_status()
+    archived = archived_ids(p)
+    progress = store.trial_progress()
+    window, now = window_from_env(), dt.datetime.now(dt.UTC)
+    rows = []
+    for rec in records:
+        eid = rec.experiment_id
+        tried, last = progress.get(eid, (0, None))
+        if eid in archived:  # its resolved.json stays unread: archived work is not pending
+            n_pending, done, why = 0, min(tried, rec.trials_planned), None
+        else:
+            exp = load_resolved(p, eid)
+            work = pending(exp, store)
+            n_pending, done = len(work.keys), rec.trials_planned - len(work.keys)
+            why = waiting_reason(exp, store, window, now) if work else None
+        state = experiment_state(
+            archived=eid in archived,
+            in_flight=eid in runs.in_flight,
+            pending_trials=n_pending,
+            indexed_at=runs.indexed_at.get(eid),
+            last_trial_at=last,
+        )
+        if state == "running":
+            why = runs.in_flight[eid]
+        elif state == "archived":
+            why = None
+        elif state == "waiting" and why is None:
+            why = f"{n_pending} trial(s) to run" if n_pending else "its index is due"
+        rows.append(
+            {
+                "experiment_id": eid,
+                "name": rec.name,
+                "author": rec.author,
+                "submitted_at": rec.submitted_at.isoformat(),
+                "state": str(state),
+                "trials_planned": rec.trials_planned,
+                "trials_done": done,
+                "pending_trials": n_pending,
+                "why": why,
+            }
+        )
+    return rows
+
+
+@app.command("archive")
+def archive_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Archive although trials are pending or the index is due (never beside a run in flight).",
+        ),
+    ] = False,
+) -> None:
+    """Take a finished experiment out of the loaded definitions; its rows and artifacts stay."""
+    import getpass
+
+    from hangar_dagster.experiment.catalog import (
+        Archived,
+        read_archived,
+        remove_archived,
+        write_archived,
+    )
+    from hangar_dagster.experiment.state import archive_refusal
+    from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.orchestration.status import run_status
+    from hangar_dagster.queue.starts import pending
+    from hangar_dagster.results.records import NoteRecord, utcnow
+
+    p = paths()
+    eid = find_experiment(p, name_or_id).experiment_id
+    if (already := read_archived(p, eid)) is not None:
+        console.print(f"{eid} is already archived ({already.at:%Y-%m-%d %H:%M %Z} by {already.by})")
+        return
+    store = store_of(p)
+    work = pending(load_resolved(p, eid), store)
+    last = store.trial_progress().get(eid, (0, None))[1]
+
+    def check(force: bool, runs: RunStatus) -> Refusal | None:
+        return archive_refusal(
+            in_flight=runs.in_flight.get(eid),
+            pending_trials=len(work.keys),
+            indexed_at=runs.indexed_at.get(eid),
+            last_trial_at=last,
+            force=force,
+        )
+
+    def refuse(why: Refusal) -> NoReturn:
+        err.print(f"[red]refused:[/] {eid}: {escape(why.message)}; {escape(why.fix)}")
+        raise typer.Exit(2)
+
+    runs = run_status()
+    if (why := check(force, runs)) is not None:
+        refuse(why)
+    forced = check(False, runs) is not None  # --force was needed, and is recorded
+    by = getpass.getuser()
+    write_archived(
+        p,
+        Archived(
+            experiment_id=eid,
+            at=utcnow(),
+            by=by,
+            forced=forced,
+            pending_trials=len(work.keys),
+        ),
+    )
+    # A run the daemon launched while we checked would lose its job: check again, then undo.
+    if (late := check(True, run_status())) is not None:
+        remove_archived(p, eid)
+        refuse(late)
+    given_up = f"; forced, {len(work.keys)} trial(s) pending given up" if forced else ""
+    store.put(NoteRecord(experiment_id=eid, kind="archive", message=f"archived by {by}{given_up}"))
+    notify_webserver(p)
+    console.print(
+        f"archived {eid}: out of the loaded definitions; `get`, `export` and SQL still read it"
+        f" (`hangar experiment unarchive {eid}` brings it back)"
+    )
+
+
+@app.command("unarchive")
+def unarchive_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+) -> None:
+    """Bring an archived experiment back into the loaded definitions."""
+    import getpass
+
+    from hangar_dagster.experiment.catalog import remove_archived
+    from hangar_dagster.results.records import NoteRecord
+
+    p = paths()
+    eid = find_experiment(p, name_or_id).experiment_id
+    if not remove_archived(p, eid):
+        console.print(f"{eid} is not archived")
+        return
+    store_of(p).put(
+        NoteRecord(experiment_id=eid, kind="archive", message=f"unarchived by {getpass.getuser()}")
+    )
+    notify_webserver(p)
+    console.print(f"unarchived {eid}: back in the loaded definitions")
 
 
 @app.command("freeze-variants")

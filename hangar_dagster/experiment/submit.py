@@ -374,15 +374,3 @@ def load_resolved(paths: HangarPaths, experiment_id: str) -> ResolvedExperiment:
     return ResolvedExperiment.model_validate_json(
         (paths.experiment_dir(experiment_id) / RESOLVED).read_text()
     )
-
-
-def stored_experiments(paths: HangarPaths) -> list[ResolvedExperiment]:
-    """Every submitted experiment, oldest first (the definitions are built from these)."""
-    if not paths.experiments.is_dir():
-        return []
-    found = [
-        load_resolved(paths, d.name)
-        for d in paths.experiments.iterdir()
-        if (d / RESOLVED).is_file()
-    ]
-    return sorted(found, key=lambda e: e.submitted_at)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from hangar_dagster.experiment.submit import stored_experiments
+from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.checks import build_experiment_checks
 from hangar_dagster.orchestration.jobs import build_experiment_jobs
@@ -29,7 +29,7 @@ def build_definitions() -> dg.Definitions:
     jobs: list[dg.UnresolvedAssetJobDefinition] = []
     window = window_from_env()
     schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
-    for exp in stored_experiments(p):
+    for exp in active_experiments(p):  # archived experiments stay out (catalog.py)
         group = build_experiment_assets(exp)
         assets += group
         checks += build_experiment_checks(exp, group)

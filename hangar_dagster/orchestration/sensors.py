@@ -20,8 +20,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.experiment.submit import stored_experiments
 from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE, job_name
 from hangar_dagster.orchestration.driver import SETUP_STAGES, base_checks_stored, stage_tags
 from hangar_dagster.queue.drain import request_drain
@@ -123,7 +123,7 @@ def decide(
     """For each daemon-driven experiment, the next run it needs, or why it waits."""
     out = Decisions()
     store = Store(paths)
-    for exp in stored_experiments(paths):
+    for exp in active_experiments(paths):
         if not daemon_driven(paths, exp):
             continue
         runs = stage_runs(instance, exp)

@@ -282,6 +282,21 @@ class Store:
         )
         return got[0] if got else None
 
+    def experiments(self) -> list[ExperimentRecord]:
+        """Every submitted experiment, oldest first (archived ones too: the store keeps all)."""
+        return self._records(
+            ExperimentRecord, "SELECT * FROM experiments ORDER BY submitted_at, experiment_id", []
+        )
+
+    def trial_progress(self) -> dict[str, tuple[int, dt.datetime]]:
+        """Per experiment with attempts: (trial keys tried, when its last attempt finished)."""
+        rows = self._query(
+            "SELECT experiment_id, count(DISTINCT trial_key) AS tried, "
+            "max(finished_at) AS last FROM trials GROUP BY experiment_id",
+            [],
+        )
+        return {r["experiment_id"]: (int(r["tried"]), r["last"].astimezone(dt.UTC)) for r in rows}
+
     def _attempts(self, model: type[R], experiment_id: str, all_attempts: bool) -> list[R]:
         name = BY_MODEL[model].name
         # the latest attempts are the ones experiment_index picked: the rule lives there only

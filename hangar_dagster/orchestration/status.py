@@ -1,0 +1,47 @@
+"""What the Dagster instance says about experiments, in plain Python types for the CLI.
+
+``hangar experiment list`` needs two facts only Dagster knows: which experiments have a
+run in flight, and when each one's index was last written. Both come from two run
+queries over the whole instance, however many experiments are stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE
+from hangar_dagster.orchestration.sensors import IN_FLIGHT, describe_run
+from hangar_dagster.settings import ensure_dagster_home
+
+
+@dataclass
+class RunStatus:
+    in_flight: dict[str, str] = field(default_factory=dict)  # experiment id -> its run, described
+    indexed_at: dict[str, dt.datetime] = field(default_factory=dict)  # latest index run's end
+
+
+def read_run_status(instance: dg.DagsterInstance) -> RunStatus:
+    out = RunStatus()
+    for record in instance.get_run_records(dg.RunsFilter(statuses=list(IN_FLIGHT))):
+        exp = record.dagster_run.tags.get(TAG_EXPERIMENT)
+        if exp is not None:
+            out.in_flight.setdefault(exp, describe_run(record))
+    done = dg.RunsFilter(tags={TAG_STAGE: "index"}, statuses=[dg.DagsterRunStatus.SUCCESS])
+    for record in instance.get_run_records(done):
+        exp = record.dagster_run.tags.get(TAG_EXPERIMENT)
+        if exp is None or record.end_time is None:
+            continue
+        ended = dt.datetime.fromtimestamp(record.end_time, dt.UTC)
+        if exp not in out.indexed_at or ended > out.indexed_at[exp]:
+            out.indexed_at[exp] = ended
+    return out
+
+
+def run_status() -> RunStatus:
+    """``read_run_status`` on the CLI's instance."""
+    ensure_dagster_home()
+    with dg.DagsterInstance.get() as instance:
+        return read_run_status(instance)
