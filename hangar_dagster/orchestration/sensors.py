@@ -22,8 +22,13 @@ import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import stored_experiments
-from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE, job_name
-from hangar_dagster.orchestration.driver import SETUP_STAGES, stage_tags
+from hangar_dagster.orchestration.stages import (
+    SETUP_STAGES,
+    TAG_EXPERIMENT,
+    TAG_STAGE,
+    job_name,
+    stage_tags,
+)
 from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.starts import blocker, pending, schedule_grace
 from hangar_dagster.queue.window import EvalWindow

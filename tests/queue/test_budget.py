@@ -11,7 +11,6 @@ from pathlib import Path
 
 import factories as f
 import pytest
-from tests.experiment.test_submit import edited_spec
 
 from hangar_dagster.experiment.spec import Budget, SpecError, load_spec
 from hangar_dagster.experiment.submit import submit
@@ -28,6 +27,7 @@ from hangar_dagster.queue.budget import (
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths
 from tests.conftest import hangar
+from tests.experiment.test_submit import edited_spec
 
 NOV = dt.datetime(2026, 11, 15, 12, tzinfo=dt.UTC)
 NY = dt.timezone(dt.timedelta(hours=-5))  # New York in November (EST)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from tests.orchestration.test_eval_daemon import FIX_MEDIAN
 
 from hangar_dagster.experiment.submit import load_resolved, submit
 from hangar_dagster.orchestration.sensors import drain_all
@@ -29,6 +28,7 @@ from hangar_dagster.settings import HangarPaths, paths
 from hangar_dagster.trials.agents import AgentRun
 from hangar_dagster.trials.trial import InfraError, TrialRequest, _drained
 from tests.conftest import cli_env, command_agent_spec, write_spec
+from tests.orchestration.test_eval_daemon import FIX_MEDIAN
 
 
 def test_the_watcher_cancels_every_trial_it_handed_out() -> None:
