@@ -88,6 +88,18 @@ def test_every_stage_is_a_successful_dagster_run_with_partition_materializations
             meta = mats[0].asset_materialization.metadata if mats[0].asset_materialization else {}
             assert meta["attempt"].value == 1
             assert "stand-in" in str(meta["agent"].value)
+            # Typed for a person: a boolean, a link to the run, a path; no empty rows.
+            assert isinstance(meta["verify_passed"], dg.BoolMetadataValue)
+            assert isinstance(meta["run_of_attempt"], dg.DagsterRunMetadataValue)
+            assert isinstance(meta["artifacts"], dg.PathMetadataValue)
+            assert "retry_of" not in meta
+            index = instance.fetch_materializations(
+                dg.AssetKey([experiment_id, "index"]), limit=1
+            ).records[0]
+            assert index.asset_materialization is not None
+            summary = index.asset_materialization.metadata["summary"]
+            assert isinstance(summary, dg.TableMetadataValue)
+            assert {r.data["variant"] for r in summary.records} == {"plain", "skill"}
     finally:
         del os.environ["DAGSTER_HOME"]
 

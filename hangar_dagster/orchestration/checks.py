@@ -29,8 +29,8 @@ from hangar_dagster.grading.verdicts import (
     base_must_fail,
     reference_must_pass,
 )
-from hangar_dagster.orchestration.assets import partitions, trial_key_of
 from hangar_dagster.orchestration.resources import HangarResource
+from hangar_dagster.orchestration.stages import partitions, trial_key_of
 from hangar_dagster.results.records import BaseCheckRecord
 from hangar_dagster.trials.redact import redact
 

@@ -1,6 +1,6 @@
 """Driving an experiment through its stages as real Dagster runs.
 
-``stage_tags`` says which partitions a stage's run covers (all of them, in one
+``stages.stage_tags`` says which partitions a stage's run covers (all of them, in one
 run) and, for trials, that it is eval-queue work. ``run_stages`` executes the
 stages in this process against the shared instance (``hangar experiment run
 --wait``): the setup stages once, then trials runs while the queue has work
@@ -19,48 +19,15 @@ import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.assets import job_name, partitions
-from hangar_dagster.queue.starts import (
-    EVAL_PRIORITY,
-    EVAL_QUEUE,
-    QUEUE_TAG,
-    blocker,
-    invalid_tasks,
-    pending,
-)
+from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
+from hangar_dagster.queue.starts import base_checks_stored, blocker, invalid_tasks, pending
 from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import ensure_dagster_home
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
 DEFINITIONS_MODULE = "hangar_dagster.orchestration.definitions"
-SETUP_STAGES = ("spec", "pin_sets", "base_checks")
 # The CLI shows trial progress at INFO; step-level DEBUG events stay in the UI's run log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-
-
-def stage_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
-    variants_def, tasks_def, trials_def = partitions(exp)
-    by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
-    part = by_stage.get(stage)
-    if part is None:
-        return {}
-    keys = part.get_partition_keys()
-    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
-    if stage == "trials":
-        tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
-    return tags
-
-
-def base_checks_stored(exp: ResolvedExperiment, store: Store) -> bool:
-    """Whether every task's base check is stored: then a failed base_checks run is done all the same.
-
-    Its blocking checks (orchestration/checks.py) fail the run when a task is
-    invalid; that task's trials are left out by the queue (``pending``) and the
-    experiment goes on with the others.
-    """
-    return set(exp.tasks) <= set(store.base_checks(exp.experiment_id))
 
 
 class StageFailed(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.assets import STAGES, TAG_EXPERIMENT, TAG_STAGE, job_name
+from hangar_dagster.orchestration.stages import STAGES, TAG_EXPERIMENT, TAG_STAGE, job_name
 
 
 def build_experiment_jobs(

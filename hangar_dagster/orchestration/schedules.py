@@ -29,9 +29,8 @@ from pathlib import Path
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.assets import TAG_STAGE, job_name
-from hangar_dagster.orchestration.driver import stage_tags
 from hangar_dagster.orchestration.sensors import daemon_driven, in_flight, setup_gap, stage_runs
+from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, stage_tags
 from hangar_dagster.queue.starts import OPEN_GRACE, blocker, open_schedule_name, pending
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store

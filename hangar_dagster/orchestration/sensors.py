@@ -22,10 +22,15 @@ import dagster as dg
 
 from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE, job_name
-from hangar_dagster.orchestration.driver import SETUP_STAGES, base_checks_stored, stage_tags
+from hangar_dagster.orchestration.stages import (
+    SETUP_STAGES,
+    TAG_EXPERIMENT,
+    TAG_STAGE,
+    job_name,
+    stage_tags,
+)
 from hangar_dagster.queue.drain import request_drain
-from hangar_dagster.queue.starts import blocker, pending, schedule_grace
+from hangar_dagster.queue.starts import base_checks_stored, blocker, pending, schedule_grace
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths

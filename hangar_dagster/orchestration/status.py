@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from hangar_dagster.orchestration.assets import TAG_EXPERIMENT, TAG_STAGE
 from hangar_dagster.orchestration.sensors import IN_FLIGHT, describe_run
+from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
 from hangar_dagster.settings import ensure_dagster_home
 
 

@@ -57,6 +57,16 @@ class Pending:
         return bool(self.new or self.retries)
 
 
+def base_checks_stored(exp: ResolvedExperiment, store: Store) -> bool:
+    """Whether every task's base check is stored: then a failed base_checks run is done all the same.
+
+    Its blocking checks (orchestration/checks.py) fail the run when a task is
+    invalid; that task's trials are left out by the queue (``pending``) and the
+    experiment goes on with the others.
+    """
+    return set(exp.tasks) <= set(store.base_checks(exp.experiment_id))
+
+
 def invalid_tasks(exp: ResolvedExperiment, store: Store) -> dict[str, str]:
     """Task -> why its base check found it invalid (the base_must_fail / reference_must_pass checks)."""
     return {

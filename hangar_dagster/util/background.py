@@ -1,14 +1,17 @@
-"""Daemon threads with a clean stop: a socket server, and a poller that runs while a block runs."""
+"""Threads: a socket server and a poller with a clean stop, and a bounded pool for stage work."""
 
 from __future__ import annotations
 
 import socketserver
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 S = TypeVar("S", bound=socketserver.BaseServer)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ServerThread(Generic[S]):
@@ -36,3 +39,12 @@ def while_running(target: Callable[[threading.Event], None], name: str) -> Itera
     finally:
         done.set()
         thread.join(timeout=10)
+
+
+def concurrently(items: Iterable[T], fn: Callable[[T], R], workers: int) -> Iterator[tuple[T, R]]:
+    """Yield (item, result) as each finishes, at most ``workers`` at once; results are handled
+    on the caller's thread (so it alone writes logs and metadata)."""
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(fn, item): item for item in items}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()

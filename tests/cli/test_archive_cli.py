@@ -9,11 +9,14 @@ from typing import Any
 
 import dagster as dg
 import duckdb
+import pytest
 
 from hangar_dagster.experiment.catalog import ARCHIVED
 from hangar_dagster.orchestration.definitions import build_definitions
 from hangar_dagster.settings import ensure_dagster_home, paths
 from tests.conftest import command_agent_spec, hangar, write_spec
+
+pytestmark = pytest.mark.integration
 
 
 def listed(home: Path, *flags: str) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,8 @@ from hangar_dagster.experiment.submit import RESOLVED, submit
 from hangar_dagster.results.records import utcnow
 from hangar_dagster.settings import paths
 
+pytestmark = pytest.mark.unit
+
 
 def archive(experiment_id: str) -> Archived:
     record = Archived(experiment_id=experiment_id, at=utcnow(), by="tester")

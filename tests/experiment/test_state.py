@@ -8,6 +8,8 @@ import pytest
 
 from hangar_dagster.experiment.state import State, archive_refusal, experiment_state
 
+pytestmark = pytest.mark.unit
+
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 LATER = T0 + dt.timedelta(minutes=5)
 

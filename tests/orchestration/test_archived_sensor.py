@@ -6,6 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from hangar_dagster.experiment.catalog import Archived, remove_archived, write_archived
 from hangar_dagster.experiment.submit import submit
@@ -13,6 +14,8 @@ from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.records import utcnow
 from hangar_dagster.settings import paths
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_driver_requests_nothing_for_an_archived_experiment(

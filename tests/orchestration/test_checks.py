@@ -20,11 +20,11 @@ import yaml
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.grading.verdicts import GRADE_SIGNALS
-from hangar_dagster.orchestration.assets import build_experiment_assets, job_name
+from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.checks import build_experiment_checks
-from hangar_dagster.orchestration.driver import stage_tags
 from hangar_dagster.orchestration.jobs import build_experiment_jobs
 from hangar_dagster.orchestration.resources import HangarResource
+from hangar_dagster.orchestration.stages import job_name, stage_tags
 from hangar_dagster.queue.starts import pending
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths

@@ -19,7 +19,6 @@ from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.definitions import build_definitions
-from hangar_dagster.orchestration.driver import SETUP_STAGES, stage_tags
 from hangar_dagster.orchestration.jobs import build_experiment_jobs
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.schedules import (
@@ -29,6 +28,7 @@ from hangar_dagster.orchestration.schedules import (
     build_open_schedule,
 )
 from hangar_dagster.orchestration.sensors import DAEMON_MARKER
+from hangar_dagster.orchestration.stages import SETUP_STAGES, stage_tags
 from hangar_dagster.queue.window import EvalWindow, parse_window, window_from_env
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import paths

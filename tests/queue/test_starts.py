@@ -11,7 +11,7 @@ import yaml
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.orchestration.driver import stage_tags
+from hangar_dagster.orchestration.stages import stage_tags
 from hangar_dagster.queue.starts import (
     OPEN_GRACE,
     TokenThrottle,

@@ -1,0 +1,116 @@
+"""The base-check and grades stages, without Dagster.
+
+``run_base_checks`` checks each task once per experiment (hidden tests must
+fail on the base and pass on the reference patch); a stored check is reused.
+``run_grades`` grades the latest attempt of each trial key that has no grade
+yet, reading the trial's raw patch; a graded attempt keeps its grade. Both
+run concurrently up to the spec's ``parallel`` and store each result as it
+finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.grading.grader import (
+    base_check_log,
+    check_base,
+    contamination_notes,
+    grade_trial,
+)
+from hangar_dagster.queue.partitions import NO_TRIAL, plan_partitions
+from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, TrialRecord
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.trial import RAW_PATCH
+from hangar_dagster.util.background import concurrently
+from hangar_dagster.util.log import Log
+
+
+@dataclass(frozen=True)
+class BaseCheckPartition:
+    task: str
+    check: BaseCheckRecord
+    reused: bool  # checked by an earlier run of this experiment
+    log: Path  # the grader's output on the base and on the reference patch
+
+
+def run_base_checks(
+    exp: ResolvedExperiment,
+    store: Store,
+    paths: HangarPaths,
+    run_id: str,
+    tasks: Iterable[str],
+    log: Log,
+) -> dict[str, BaseCheckPartition]:
+    """The base check of every task in ``tasks``, running those not checked yet."""
+    wanted = list(tasks)
+    done = store.base_checks(exp.experiment_id)
+    todo = [t for t in wanted if t not in done]
+    fresh: dict[str, BaseCheckRecord] = {}
+    for task, check in concurrently(
+        todo, lambda t: check_base(exp, t, run_id, paths), exp.spec.parallel
+    ):
+        store.put(check)
+        fresh[task] = check
+    out: dict[str, BaseCheckPartition] = {}
+    for task in wanted:
+        check = fresh.get(task) or done[task]
+        if check.invalid:
+            log.warning(f"task {task} is invalid: {check.reason}")
+        log_path = base_check_log(paths, exp.experiment_id, task)
+        out[task] = BaseCheckPartition(task, check, reused=task not in fresh, log=log_path)
+    return out
+
+
+@dataclass(frozen=True)
+class GradePartition:
+    """What the run did for one key: a grade (new or kept), or why there is none."""
+
+    key: TrialKey
+    grade: GradeRecord | None = None
+    reused: bool = False  # the attempt was graded by an earlier run
+    skipped: str | None = None
+
+
+def run_grades(
+    exp: ResolvedExperiment,
+    store: Store,
+    paths: HangarPaths,
+    run_id: str,
+    keys: Iterable[TrialKey],
+) -> dict[TrialKey, GradePartition]:
+    """Grade the latest attempt of each key in ``keys`` that has no grade yet."""
+    latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+    graded = {
+        (g.trial_key, g.attempt): g for g in store.grades(exp.experiment_id, all_attempts=True)
+    }
+    finished = {
+        k: graded[(t.trial_key, t.attempt)]
+        for k, t in latest.items()
+        if (t.trial_key, t.attempt) in graded
+    }
+    due = set(latest) - set(finished)
+    plan = plan_partitions(exp, keys, due, finished, NO_TRIAL)
+    out: dict[TrialKey, GradePartition] = {
+        k: GradePartition(k, skipped=why) for k, why in plan.skipped.items()
+    }
+    out |= {k: GradePartition(k, grade=g, reused=True) for k, g in plan.kept.items()}
+    checks = store.base_checks(exp.experiment_id)
+
+    def one(trial: TrialRecord) -> GradeRecord:
+        patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
+        grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths)
+        store.put(grade)
+        for note in contamination_notes(grade):  # the experiment note and the audit entry
+            store.put(note)
+        return grade
+
+    trials = [latest[k.key] for k in plan.run]
+    for trial, grade in concurrently(trials, one, exp.spec.parallel):
+        key = TrialKey.parse(trial.trial_key)
+        out[key] = GradePartition(key, grade=grade)
+    return out

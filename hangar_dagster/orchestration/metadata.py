@@ -1,0 +1,180 @@
+"""Stage results as Dagster metadata a person can read: the one place records become metadata.
+
+Booleans stay booleans, run ids are links to their Dagster run, artifact files
+are paths, the index's summary is a table, and a field that is absent (None,
+or an empty list) is left out rather than shown as an empty string. Strings
+are redacted once more here: the UI must not show a key even from a row stored
+before redaction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.stage import PinnedVariant
+from hangar_dagster.grading.stage import BaseCheckPartition, GradePartition
+from hangar_dagster.results.records import ExperimentRecord
+from hangar_dagster.results.summary import IndexSummary
+from hangar_dagster.trials.redact import redact
+from hangar_dagster.trials.stage import TrialPartition
+
+Metadata = dict[str, Any]
+
+# Where the assets' data lives; Dagster shows these as the assets' kind icons (at most three).
+KINDS = {"python", "duckdb", "parquet"}
+# Dagster's own test for an owner that is an email address (anything else needs "team:").
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Z|a-z]{2,7}\b")
+
+SUMMARY_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("variant", "string"),
+        dg.TableColumn("trials", "int", description="trial keys (latest attempt each)"),
+        dg.TableColumn("graded", "int", description="counted in the pass rate"),
+        dg.TableColumn("passed", "int"),
+        dg.TableColumn("pass_rate_pts", "float", description="passed / graded, in points"),
+    ]
+)
+
+
+def owners(exp: ResolvedExperiment) -> list[str]:
+    """The spec's author as a Dagster owner: an email as it is, else ``team:<author>``."""
+    return [exp.author if _EMAIL.fullmatch(exp.author) else f"team:{exp.author}"]
+
+
+def _present(metadata: Mapping[str, Any]) -> Metadata:
+    """Without absent fields: None, an empty string or an empty list is no row."""
+    return {k: v for k, v in metadata.items() if v is not None and v != "" and v != []}
+
+
+def _joined(values: list[str]) -> str | None:
+    return ", ".join(values) or None
+
+
+def _run(run_id: str | None) -> dg.MetadataValue[Any] | None:
+    return dg.MetadataValue.dagster_run(run_id) if run_id else None
+
+
+def spec_metadata(exp: ResolvedExperiment, record: ExperimentRecord) -> Metadata:
+    return _present(
+        {
+            "name": exp.name,
+            "author": exp.author,
+            "spec_path": dg.MetadataValue.path(exp.spec_path),
+            "spec_digest": record.spec_digest,
+            "variants": ", ".join(exp.variants),
+            "tasks": ", ".join(exp.tasks),
+            "trials_planned": record.trials_planned,
+            "parallel": exp.spec.parallel,
+        }
+    )
+
+
+def pin_set_metadata(pinned: PinnedVariant) -> Metadata:
+    record = pinned.record
+    return _present(
+        {
+            "pin_set": record.pin_set,
+            "harness_lock": record.harness_lock,
+            "model": record.model,
+            "environment_digest": record.environment_digest,
+            "grader_digest": record.grader_digest,
+            "egress": record.egress,
+            "task_bases": dg.MetadataValue.json(record.task_bases),
+            "pinned_by": pinned.pinned_by,
+        }
+    )
+
+
+def base_check_metadata(part: BaseCheckPartition) -> Metadata:
+    c = part.check
+    return _present(
+        {
+            "invalid": c.invalid,
+            "reason": c.reason,
+            "base_sha": c.base_sha,
+            "base_counts": dg.MetadataValue.json(c.base_counts),
+            "reference_passed": c.reference_passed,  # absent: the task has no reference patch
+            "reference_counts": dg.MetadataValue.json(c.reference_counts)
+            if c.reference_counts is not None
+            else None,
+            "reused": part.reused,
+            "checked_in_run": _run(c.run_id),
+            "log": dg.MetadataValue.path(str(part.log)),
+        }
+    )
+
+
+def trial_metadata(part: TrialPartition, canary: str) -> Metadata:
+    if part.skipped is not None:
+        return {"skipped": part.skipped}
+    if part.record is None:
+        return {"started": False, "reason": redact(part.not_started, canary)}
+    t = part.record
+    metadata = {
+        "trial_key": t.trial_key,
+        "attempt": t.attempt,
+        "retry_of": _run(t.retry_of),
+        "run_of_attempt": _run(t.run_id),
+        "reused": part.reused,
+        "outcome_class": t.outcome_class,
+        "infra_reason": t.infra_reason,
+        "drift": t.drift,
+        "verify_passed": t.verify_passed,  # absent: verify did not run
+        "pin_set": t.pin_set,
+        "agent": f"{t.agent} (scripted stand-in, no model)" if t.agent_is_standin else t.agent,
+        "model": t.model,
+        "turns": t.turns,
+        "cost_usd": t.cost_usd,
+        "duration_s": round(t.duration_s, 2),
+        "patch_bytes": t.patch_bytes,
+        "artifacts": dg.MetadataValue.path(t.artifacts_dir),
+    }
+    return _present(redact(metadata, canary))
+
+
+def grade_metadata(part: GradePartition, canary: str) -> Metadata:
+    if part.grade is None:
+        return {"skipped": part.skipped}
+    g = part.grade
+    metadata = {
+        "trial_key": g.trial_key,
+        "attempt": g.attempt,
+        "reused": part.reused,
+        "passed": g.passed,
+        "trust": g.trust,
+        "hidden_tests": dg.MetadataValue.json(g.hidden_tests),
+        "reason": g.reason,
+        "tamper_signals": _joined(g.tamper_signals),
+        "touched_tests": _joined(g.touched_tests),
+        "contamination": _joined(g.contamination),
+        "task_invalid": g.task_invalid,
+        "graded_in_run": _run(g.run_id),
+    }
+    return _present(redact(metadata, canary))
+
+
+def index_metadata(summary: IndexSummary, canary: str) -> Metadata:
+    table = dg.MetadataValue.table(
+        records=[
+            dg.TableRecord({c.name: row.get(c.name) for c in SUMMARY_SCHEMA.columns})
+            for row in summary.variants
+        ],
+        schema=SUMMARY_SCHEMA,
+    )
+    metadata = {
+        "summary": table,
+        "trial_keys": summary.trial_keys,
+        "pending_trials": summary.pending_trials,
+        "waiting_for": summary.waiting_for,
+        "queue_notes": "; ".join(summary.queue_notes),
+        "graded": summary.graded,
+        "passed": summary.passed,
+        "invalid_tasks": _joined(summary.invalid_tasks),
+        "duckdb": dg.MetadataValue.path(str(summary.duckdb)),
+    }
+    return _present(redact(metadata, canary))

@@ -1,0 +1,64 @@
+"""Stage names, run tags and partitions: what assets, jobs, sensors, schedules and the driver share.
+
+One module so that sensors and schedules need neither the asset factory nor
+the in-process driver to name a stage, tag its run or read a partition key.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG
+
+STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
+SETUP_STAGES = ("spec", "pin_sets", "base_checks")
+TAG_EXPERIMENT = "hangar/experiment"
+TAG_STAGE = "hangar/stage"
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+def job_name(exp: ResolvedExperiment, stage: str) -> str:
+    return f"{exp.experiment_id}__{stage}_job"
+
+
+def partitions(
+    exp: ResolvedExperiment,
+) -> tuple[
+    dg.StaticPartitionsDefinition, dg.StaticPartitionsDefinition, dg.MultiPartitionsDefinition
+]:
+    """By variant (pin sets), by task (base checks), by variant x task_rep (trials, grades)."""
+    variants = dg.StaticPartitionsDefinition(list(exp.variants))
+    tasks = dg.StaticPartitionsDefinition(list(exp.tasks))
+    task_reps = dg.StaticPartitionsDefinition(
+        [f"{t}.r{r}" for t in exp.tasks for r in range(1, exp.spec.trials + 1)]
+    )
+    return (
+        variants,
+        tasks,
+        dg.MultiPartitionsDefinition({"variant": variants, "task_rep": task_reps}),
+    )
+
+
+def trial_key_of(trials_def: dg.MultiPartitionsDefinition, partition_key: str) -> TrialKey:
+    dims = trials_def.get_partition_key_from_str(partition_key).keys_by_dimension
+    return TrialKey.from_partition(dims["variant"], dims["task_rep"])
+
+
+def partition_key_of(key: TrialKey) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
+
+
+def stage_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
+    """The tags of a stage's run: all its partitions in one run; for trials, the eval queue."""
+    variants_def, tasks_def, trials_def = partitions(exp)
+    by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
+    part = by_stage.get(stage)
+    if part is None:
+        return {}
+    keys = part.get_partition_keys()
+    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    if stage == "trials":
+        tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
+    return tags

@@ -1,0 +1,130 @@
+"""The trials stage: one run over the trial keys it is given, without Dagster.
+
+Before anything starts it closes the attempts a dead run left behind
+(``queue.restarts``), plans the keys (``queue.partitions``: run the pending
+ones, keep the finished ones, skip the rest) and stores the queue's notes.
+Keys to run start concurrently, at most the spec's ``parallel``, each once the
+tokens-per-minute throttle allows it and only while nothing blocks a start
+(window, budget, breaker) and no drain was asked for; each finished attempt is
+stored the moment it ends. The result says per key what happened; the trials
+asset turns it into partition metadata.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from hangar_dagster.experiment.overlay import record_pins as record_overlay_pins
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.queue.drain import DrainWatcher, drain_marker
+from hangar_dagster.queue.partitions import NOT_PENDING, plan_partitions
+from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
+from hangar_dagster.queue.starts import TokenThrottle, blocker, pending, record_queue_notes
+from hangar_dagster.queue.window import EvalWindow
+from hangar_dagster.results.records import TrialRecord
+from hangar_dagster.results.store import DuplicateRecordError, Store
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.trials.trial import TrialRequest, run_trial
+from hangar_dagster.util.background import concurrently
+from hangar_dagster.util.log import Log
+
+
+@dataclass(frozen=True)
+class TrialPartition:
+    """What the run did for one key: exactly one of ``record``, ``not_started``, ``skipped``."""
+
+    key: TrialKey
+    record: TrialRecord | None = None  # the attempt stored by this run, or the one kept
+    reused: bool = False  # ``record`` is a finished attempt of an earlier run
+    not_started: str | None = None  # due, but not started (a later run picks it up)
+    skipped: str | None = None  # not this stage's work (queue.partitions)
+
+
+def _started(record: TrialRecord) -> str:
+    infra = f" / {record.infra_reason}" if record.infra_reason else ""
+    return (
+        f"trial {record.trial_key} attempt {record.attempt}: {record.outcome_class}{infra} "
+        f"({record.duration_s:.1f}s)"
+    )
+
+
+def run_trials(
+    exp: ResolvedExperiment,
+    store: Store,
+    paths: HangarPaths,
+    run_id: str,
+    keys: Iterable[TrialKey],
+    *,
+    window: EvalWindow,
+    tpm_budget: int | None,
+    in_flight: Callable[[StartedMarker], bool],
+    log: Log,
+) -> dict[TrialKey, TrialPartition]:
+    """Run the due trials among ``keys`` as run ``run_id``; returns what happened per key.
+
+    ``in_flight(marker)`` says whether the run that wrote a started marker may still record
+    it (else the attempt is closed as ``control_plane_restart``).
+    """
+    for cut in close_interrupted(exp, store, paths, run_id, in_flight):
+        log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
+    work = pending(exp, store)
+    for note in record_queue_notes(exp, store):
+        log.warning(note.message)
+    latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+    # A finished attempt is kept (a resumed run loses and repeats nothing), and so is an infra
+    # error the retry rules refuse (the notes say why).
+    plan = plan_partitions(exp, keys, {k.key for k in work.keys}, latest, NOT_PENDING)
+    out: dict[TrialKey, TrialPartition] = {
+        k: TrialPartition(k, skipped=why) for k, why in plan.skipped.items()
+    }
+    out |= {k: TrialPartition(k, record=t, reused=True) for k, t in plan.kept.items()}
+    for said in record_overlay_pins(exp, store, run_id):  # a crash may have left one
+        log.info(said)
+    throttle = TokenThrottle(store.tokens_finished_since, tpm_budget)
+
+    def drain_reason(now: dt.datetime) -> str | None:
+        if drain_marker(paths, run_id).exists():
+            return "power_down: drain requested"
+        return (
+            None
+            if window.is_open(now)
+            else f"power_down: the eval window {window.describe()} closed"
+        )
+
+    with DrainWatcher(drain_reason) as watcher:
+
+        def one(key: TrialKey) -> TrialRecord | str:
+            throttle.wait(cancelled=watcher.cancel.is_set)
+            why = watcher.why or blocker(exp, store, window, dt.datetime.now(dt.UTC))
+            if why:
+                return why  # not started; a later run picks it up
+            retry = work.retries.get(key.key)
+            request = TrialRequest(
+                experiment=exp,
+                key=key,
+                attempt=retry.attempt if retry else store.next_attempt(exp.experiment_id, key.key),
+                retry_of=retry.retry_of if retry else None,
+                run_id=run_id,
+                cancel=watcher.trial_cancel(),
+            )
+            record, _patch = run_trial(request, paths)
+            try:
+                store.put(record)  # stored the moment it finishes: a crash later loses nothing
+            except DuplicateRecordError:
+                return "another run stored this attempt first"  # two runs raced: one counts
+            return record
+
+        for key, result in concurrently(plan.run, one, exp.spec.parallel):
+            if isinstance(result, str):
+                log.info(f"trial {key.key} not started: {result}")
+                out[key] = TrialPartition(key, not_started=result)
+                continue
+            log.info(_started(result))
+            out[key] = TrialPartition(key, record=result)
+            for said in record_overlay_pins(exp, store, run_id):
+                log.info(said)
+    for note in record_queue_notes(exp, store):  # what this run's failures led to
+        log.warning(note.message)
+    return out

@@ -1,0 +1,55 @@
+"""The base-check and grades stage bodies without Dagster, on the example's median task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hangar_dagster.grading.stage import GradePartition, run_base_checks, run_grades
+from hangar_dagster.queue.partitions import NO_TRIAL
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import paths
+from tests.trials.test_trials_stage import PLAIN, SKILL, Said, median_only, stage
+
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
+
+
+def test_base_checks_run_once_per_task_and_are_reused(example_dir: Path, hangar_home: Path) -> None:
+    exp = median_only(example_dir, "stage-base")
+    store = Store(paths())
+    said = Said()
+    [(task, first)] = run_base_checks(exp, store, paths(), "run-1", ["median"], said).items()
+    assert task == "median" and not first.reused
+    assert not first.check.invalid and first.check.reference_passed is True
+    assert first.check.run_id == "run-1" and first.log.is_file()
+    assert said.lines == []  # a valid task: nothing to warn about
+    [again] = run_base_checks(exp, store, paths(), "run-2", ["median"], said).values()
+    assert again.reused and again.check.run_id == "run-1"
+
+
+def test_base_checks_warn_about_an_invalid_task(example_dir: Path, hangar_home: Path) -> None:
+    exp = median_only(example_dir, "stage-invalid")
+    median = exp.tasks["median"].model_copy(update={"hidden_files": {}})  # collects nothing
+    exp = exp.model_copy(update={"tasks": {"median": median}})
+    said = Said()
+    [part] = run_base_checks(exp, Store(paths()), paths(), "run-1", ["median"], said).values()
+    assert part.check.invalid and part.check.reason
+    assert said.lines == [("warning", f"task median is invalid: {part.check.reason}")]
+
+
+def test_grades_grade_each_latest_attempt_once(example_dir: Path, hangar_home: Path) -> None:
+    exp = median_only(example_dir, "stage-grades")
+    store = Store(paths())
+    run_base_checks(exp, store, paths(), "run-b", ["median"], Said())
+    stage(exp, "run-t", [PLAIN], Said())  # skill's trial never ran
+    graded = run_grades(exp, store, paths(), "run-g", [PLAIN, SKILL])
+    assert graded[SKILL] == GradePartition(SKILL, skipped=NO_TRIAL)
+    grade = graded[PLAIN].grade
+    assert grade is not None and not graded[PLAIN].reused
+    assert (grade.trial_key, grade.attempt, grade.run_id) == (PLAIN.key, 1, "run-g")
+    assert [g.trial_key for g in store.grades(exp.experiment_id)] == [PLAIN.key]
+
+    again = run_grades(exp, store, paths(), "run-g2", [PLAIN])
+    assert again == {PLAIN: GradePartition(PLAIN, grade=grade, reused=True)}
+    assert len(store.grades(exp.experiment_id, all_attempts=True)) == 1

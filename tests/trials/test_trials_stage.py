@@ -1,0 +1,127 @@
+"""The trials stage body without Dagster: the example's stand-in agent on the median task."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.queue.partitions import NOT_IN_VARIANT
+from hangar_dagster.queue.restarts import StartedMarker
+from hangar_dagster.queue.window import EvalWindow, parse_window
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import paths
+from hangar_dagster.trials.stage import TrialPartition, run_trials
+from tests.conftest import write_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
+
+PLAIN = TrialKey("plain", "median", 1)
+SKILL = TrialKey("skill", "median", 1)
+ALWAYS = parse_window("always")
+
+
+class Said:
+    """A log that keeps what the stage said."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, msg: str) -> None:
+        self.lines.append(("info", msg))
+
+    def warning(self, msg: str) -> None:
+        self.lines.append(("warning", msg))
+
+
+def never_in_flight(marker: StartedMarker) -> bool:
+    return False
+
+
+def median_only(example_dir: Path, name: str) -> ResolvedExperiment:
+    """The example on its median task, one trial per variant (two trial keys)."""
+    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(name=name, trials=1, tasks=[t for t in spec["tasks"] if t["id"] == "median"])
+    return submit(write_spec(example_dir, spec), paths())
+
+
+def stage(
+    exp: ResolvedExperiment,
+    run_id: str,
+    keys: list[TrialKey],
+    log: Said,
+    window: EvalWindow = ALWAYS,
+) -> dict[TrialKey, TrialPartition]:
+    return run_trials(
+        exp,
+        Store(paths()),
+        paths(),
+        run_id,
+        keys,
+        window=window,
+        tpm_budget=None,
+        in_flight=never_in_flight,
+        log=log,
+    )
+
+
+def test_runs_the_pending_keys_then_keeps_them(example_dir: Path, hangar_home: Path) -> None:
+    exp = median_only(example_dir, "stage-trials")
+    said = Said()
+    first = stage(exp, "run-1", [PLAIN, SKILL], said)
+    assert set(first) == {PLAIN, SKILL}
+    for key, part in first.items():
+        assert part.record is not None and not part.reused
+        assert (part.record.trial_key, part.record.attempt, part.record.run_id) == (
+            key.key,
+            1,
+            "run-1",
+        )
+        assert part.record.outcome_class == "completed"
+    stored = {t.trial_key for t in Store(paths()).trials(exp.experiment_id)}
+    assert stored == {PLAIN.key, SKILL.key}
+    assert {m for level, m in said.lines if level == "info" and "attempt 1: completed" in m} == {
+        f"trial {k.key} attempt 1: completed ({first[k].record.duration_s:.1f}s)"  # type: ignore[union-attr]
+        for k in (PLAIN, SKILL)
+    }
+
+    # A second run over the same keys (a resume) starts nothing and reports what exists.
+    again = stage(exp, "run-2", [PLAIN, SKILL], Said())
+    assert {k: (p.reused, p.record.run_id if p.record else None) for k, p in again.items()} == {
+        PLAIN: (True, "run-1"),
+        SKILL: (True, "run-1"),
+    }
+    assert len(Store(paths()).trials(exp.experiment_id, all_attempts=True)) == 2
+
+
+def test_nothing_starts_while_the_window_is_closed_and_the_run_says_why(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp = median_only(example_dir, "stage-closed")
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    closed = parse_window(f"{later:%H:%M}-{later + dt.timedelta(minutes=30):%H:%M}", "UTC")
+    said = Said()
+    got = stage(exp, "run-c", [PLAIN, SKILL], said, window=closed)
+    assert set(got) == {PLAIN, SKILL}
+    for key, part in got.items():
+        assert part.record is None and part.skipped is None and part.not_started is not None
+        # The start check or the run's drain watcher, whichever sees the closed window first.
+        assert part.not_started.startswith(("eval_window: ", "power_down: the eval window"))
+        assert ("info", f"trial {key.key} not started: {part.not_started}") in said.lines
+    assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
+
+
+def test_a_key_whose_task_the_variant_does_not_run_is_skipped(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp = median_only(example_dir, "stage-narrow")
+    plain = exp.variants["plain"].model_copy(update={"tasks": ()})
+    exp = exp.model_copy(update={"variants": {**exp.variants, "plain": plain}})
+    got = stage(exp, "run-n", [PLAIN], Said())
+    assert got == {PLAIN: TrialPartition(PLAIN, skipped=NOT_IN_VARIANT)}
+    assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
