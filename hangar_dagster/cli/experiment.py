@@ -255,8 +255,8 @@ def export_cmd(
 @app.command("list")
 def list_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
-    show_all: Annotated[
-        bool, typer.Option("--all", help="Archived experiments too (hidden by default).")
+    active: Annotated[
+        bool, typer.Option("--active", help="Leave archived experiments out.")
     ] = False,
     state: Annotated[
         State | None, typer.Option("--state", help="Only experiments in this state.")
@@ -268,18 +268,18 @@ def list_cmd(
     shown = [
         r
         for r in rows
-        if (r["state"] == state if state is not None else show_all or r["state"] != "archived")
+        if (r["state"] == state if state is not None else not active or r["state"] != "archived")
     ]
     if as_json:
         print(json.dumps(shown, indent=2))
         return
-    hidden = sum(r["state"] == "archived" for r in rows) if state is None and not show_all else 0
+    hidden = sum(r["state"] == "archived" for r in rows) if state is None and active else 0
     if not shown:
         console.print(f"no {f'{state} ' if state else ''}experiments under {p.home}")
     else:
         console.print(_list_table(p, shown))
     if hidden:
-        console.print(f"{hidden} archived experiment(s) not shown; --all shows them")
+        console.print(f"{hidden} archived experiment(s) left out (--active)")
 
 
 def _list_table(p: HangarPaths, shown: list[dict[str, Any]]) -> Table:

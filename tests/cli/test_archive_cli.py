@@ -72,8 +72,8 @@ def test_archive_takes_a_finished_experiment_out_of_the_definitions_and_keeps_it
     again = hangar("experiment", "archive", finished, home=hangar_home)
     assert again.returncode == 0 and "already archived" in again.stdout, again.stdout + again.stderr
 
-    assert set(listed(hangar_home)) == {queued}  # archived ones hidden by default
-    everything = listed(hangar_home, "--all")
+    assert set(listed(hangar_home, "--active")) == {queued}
+    everything = listed(hangar_home)  # every experiment, archived ones too
     assert {k: r["state"] for k, r in everything.items()} == {
         finished: "archived",
         queued: "waiting",
