@@ -10,7 +10,7 @@ does not parse. Signals flag a grade; they never fail it. docs/grading.md
 
 Names are resolved through the file's own imports and simple aliases
 (``import sys as s``, ``from sys import modules``, ``m = sys.modules``); a
-name built at run time (``getattr(sys, "mod" + "ules")``) is out of reach.
+name built at run time (``getattr(sys, name)``) is out of reach.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ _REFS = {
     "threading.settrace": "trace hook",
     "threading.setprofile": "profile hook",
     "sys.addaudithook": "audit hook",
+}
+# Only a call counts: `isinstance(f, types.FunctionType)` is everyday code.
+_CALLS = {
     "types.FunctionType": "function built from a code object",
     "types.CodeType": "code object built by hand",
 }
@@ -217,16 +220,23 @@ class _Checker:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-        # `m = sys.modules`: one level of aliasing, assignments anywhere in the file.
+        # `m = sys.modules`: one level of aliasing, assignments anywhere in the file; a builtin's
+        # name bound by the file (`compile = re.compile`, `def eval(...)`) is that, not the builtin.
         for node in ast.walk(tree):
-            if (
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if node.name in _BUILTIN_NAMES:
+                    self.aliases.setdefault(node.name, f"<local>.{node.name}")
+            if not (
                 isinstance(node, ast.Assign)
                 and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)
-                and (q := self.qualname(node.value))
-                and q.split(".")[0] in ("sys", "builtins", "gc", "inspect", "os", "atexit")
             ):
-                self.aliases.setdefault(node.targets[0].id, q)
+                continue
+            name, q = node.targets[0].id, self.qualname(node.value)
+            if q and q.split(".")[0] in ("sys", "builtins", "gc", "inspect", "os", "atexit"):
+                self.aliases.setdefault(name, q)
+            elif name in _BUILTIN_NAMES:
+                self.aliases.setdefault(name, f"<local>.{name}")
 
     def qualname(self, node: ast.AST, depth: int = 0) -> str | None:
         """The dotted name an expression stands for, as far as imports and literals tell."""
@@ -307,6 +317,8 @@ class _Checker:
         func = self.qualname(node.func)
         if func in _REFS:  # the whole call, so a changed argument line counts too
             yield f"{_REFS[func]}: {func}"
+        if func in _CALLS:
+            yield f"{_CALLS[func]}: {func}"
         if func in _SETTERS and node.args:
             obj = self.qualname(node.args[0])
             name = _const_str(node.args[1]) if len(node.args) > 1 else None

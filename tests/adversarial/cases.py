@@ -744,3 +744,14 @@ CASES = [
     ),
     *STATIC_CASES,
 ]
+
+# The two known gaps still forge a pass, but no longer a clean one: the static pass flags each
+# recipe as it is written (a recipe rewritten to dodge it would win clean again).
+_GAPS = {c.name: c for c in CASES if c.known_gap}
+CASES += [
+    Case(f"{name}_flagged", _GAPS[name].files, passed=None, signal=signal)
+    for name, signal in (
+        ("forge_both_streams", "descriptor redirection: os.dup2"),
+        ("forge_closure_cells", "writes cell_contents"),
+    )
+]

@@ -135,6 +135,12 @@ CONSTRUCTS = [
      "calc.py:2: names 'HANGAR_GRADE_JUNIT'", "import os\nh = os.environ.get('HANGAR_HOME')"),
     ("hidden_env", "import os\nh = os.environ.get('HANGAR_HIDDEN_TESTS')",
      "calc.py:2: names 'HANGAR_HIDDEN_TESTS'", "import os\nh = os.environ.get('HOME')"),
+    ("function_built", "import types\n\n\ndef f():\n    pass\n\n\ng = types.FunctionType(f.__code__, {})",
+     "calc.py:8: function built from a code object: types.FunctionType",
+     "import types\n\n\ndef f():\n    pass\n\n\nok = isinstance(f, types.FunctionType)"),
+    ("compile_shadowed", "import re\ncompile = re.compile\nsrc = 'x'\ncode = eval(src)",
+     "calc.py:4: eval of non-literal code",
+     "import re\ncompile = re.compile\npat = 'a+'\nrx = compile(pat)"),
     ("does_not_parse", "def add(a, b)\n    return a + b", "calc.py:1: does not parse", "x = 1"),
 ]  # fmt: skip
 
