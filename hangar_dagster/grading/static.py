@@ -166,8 +166,8 @@ def _read(repo: Path, rel: str) -> bytes | str:
         return "outside the repo"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as err:
-        return f"not readable by the static pass ({err.strerror})"
+    except (OSError, ValueError) as err:  # ValueError: a NUL in a path git never wrote
+        return f"not readable by the static pass ({getattr(err, 'strerror', None) or err})"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -252,6 +252,19 @@ def test_a_file_that_cannot_be_read_is_a_signal(tmp_path: Path) -> None:
     ]
 
 
+def test_a_binary_python_file_counts_whole(tmp_path: Path) -> None:
+    """git shows a .py with a NUL byte as a binary patch: no line numbers, every line counts."""
+    found = patched(tmp_path, {"calc.py": "import ctypes\nx = '\0'\n"})
+    assert len(found) == 1 and found[0].startswith("static: calc.py:1: does not parse"), found
+
+
+def test_a_path_git_never_wrote_is_a_signal_not_a_crash(tmp_path: Path) -> None:
+    patch = "diff --git a/x\0.py b/x\0.py\nnew file mode 100644\n--- /dev/null\n+++ b/x\0.py\n"
+    patch += "@@ -0,0 +1 @@\n+import ctypes\n"
+    found = static_signals(tmp_path, patch)
+    assert len(found) == 1 and "not readable by the static pass" in found[0], found
+
+
 def _corpus() -> Path | None:
     # ../shared/corpus beside the repo root (a worktree sits one level deeper than /work/main).
     root = Path(__file__).resolve().parents[2]
