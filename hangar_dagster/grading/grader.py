@@ -33,6 +33,7 @@ from hangar_dagster.experiment.spec import Grader
 from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
 from hangar_dagster.grading.junit import MAX_BYTES, JunitResult, parse_junit_bytes, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
+from hangar_dagster.grading.static import static_signals
 from hangar_dagster.results.records import (
     BaseCheckRecord,
     GradeRecord,
@@ -112,7 +113,8 @@ class GraderRun:
     # Paths the patch names that exist at the base commit (for touched_tests).
     base_paths: tuple[str, ...] = ()
     uid_split: bool = False  # the command ran unprivileged, as the trusted reporter confirmed
-    run_signals: tuple[str, ...] = ()  # tamper seen while it ran (reporter, hidden digest)
+    # The static pass over the patch, then tamper seen while it ran (reporter, hidden digest).
+    run_signals: tuple[str, ...] = ()
     canary_files: int = 0  # hidden files that carry the canary line
     collected: tuple[str, ...] = ()  # test ids the trusted reporter saw collected
 
@@ -384,6 +386,7 @@ def run_grader(
                 f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
             )
         _purge_bytecode(repo)
+        static = static_signals(repo, patch)  # before any code of the patch runs
         files = hidden_files_for(experiment, task_id)
         mounts: list[Mount] = []
         hidden_digest: str | None = None
@@ -443,6 +446,7 @@ def run_grader(
         runner = grader_runner(grader.command)
         stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
         problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
+        signals = [*static, *signals]
         if len(report_bytes) > _REPORT_CAP:
             problems.append("the trusted reporter's stream is over its size cap")
         if hidden_digest is not None and tree_digest(hidden) != hidden_digest:

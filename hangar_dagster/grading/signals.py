@@ -59,7 +59,7 @@ def file_diffs(patch: str) -> list[FileDiff]:
             sections[-1].append(line)
     out: list[FileDiff] = []
     for section in sections:
-        paths = changed_files(section[0])
+        paths = _header_paths(section[0])
         if not paths:
             continue  # a header changed_files can't read (quoted path): nothing to attribute
         old, new = paths[0], paths[-1]
@@ -71,6 +71,43 @@ def file_diffs(patch: str) -> list[FileDiff]:
         else:
             out.append(FileDiff(old, new, section[1:]))
     return out
+
+
+_QUOTED_OR_WORD = re.compile(r'"(?:[^"\\]|\\.)*"|\S+')
+_ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(token: str) -> str:
+    """A path as git's C-style quoting writes it (non-ASCII bytes as octal escapes)."""
+    if not (token.startswith('"') and token.endswith('"')):
+        return token
+    body, out, i = token[1:-1], bytearray(), 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and body[i + 1 : i + 4].isdigit() and len(body[i + 1 : i + 4]) == 3:
+            out.append(int(body[i + 1 : i + 4], 8) & 0xFF)
+            i += 4
+        elif ch == "\\" and i + 1 < len(body) and body[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[body[i + 1]])
+            i += 2
+        else:
+            out += ch.encode()
+            i += 1
+    return out.decode("utf-8", errors="replace")
+
+
+def _header_paths(header: str) -> list[str]:
+    """Both paths of a ``diff --git`` header; git quotes a name with non-ASCII or odd bytes,
+    and such a file must not slip past the signals."""
+    if '"' not in header:
+        return changed_files(header)
+    tokens = _QUOTED_OR_WORD.findall(header[len("diff --git ") :])
+    if len(tokens) != 2:
+        return []
+    paths = [_unquote(t) for t in tokens]
+    if not (paths[0].startswith("a/") and paths[1].startswith("b/")):
+        return []
+    return [paths[0][2:], paths[1][2:]]
 
 
 def _is_pytest_section(name: str) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar_dagster.standins.agent_main import HARNESS_MOUNT, OUT_MOUNT
-from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.sandbox import Mount, SandboxRequest, SandboxResult
 
 MODULE = "hangar_dagster.standins.agent_main"
@@ -48,7 +48,7 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
         "HANGAR_VERIFY": ctx.verify or "",
         "HOME": "/tmp",
         "PATH": sandbox_path(),
-        "PYTHONDONTWRITEBYTECODE": "1",
+        **NO_BYTECODE_ENV,
     }
     return SandboxRequest(
         argv=[sys.executable, "-I", "-m", MODULE],

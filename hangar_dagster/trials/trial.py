@@ -59,7 +59,14 @@ from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.results.records import OutcomeClass, TrialRecord, utcnow
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.standins.agent import sandbox_path
-from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun, UnknownAgent, get_agent
+from hangar_dagster.trials.agents import (
+    NO_BYTECODE_ENV,
+    Agent,
+    AgentContext,
+    AgentRun,
+    UnknownAgent,
+    get_agent,
+)
 from hangar_dagster.trials.model_proxy import provider_failure
 from hangar_dagster.trials.redact import redact, secret_values
 from hangar_dagster.trials.sandbox import (
@@ -143,7 +150,7 @@ def _sandbox_env(task: ResolvedTask) -> dict[str, str]:
         "PATH": sandbox_path(),
         "HOME": "/tmp",
         "HANGAR_TASK": task.id,
-        "PYTHONDONTWRITEBYTECODE": "1",
+        **NO_BYTECODE_ENV,
     }
 
 

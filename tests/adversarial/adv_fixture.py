@@ -78,6 +78,7 @@ def write_files(root: Path, files: Files) -> None:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, Link):
+            path.unlink(missing_ok=True)  # a link can stand where a module was
             path.symlink_to(content.target)
         elif isinstance(content, bytes):
             path.write_bytes(content)

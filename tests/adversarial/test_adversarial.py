@@ -143,6 +143,13 @@ def test_malicious_patch(
     patch = fixture_repo.make_patch(files)  # type: ignore[arg-type]
     g, log = grade(fixture_repo, session_paths, base_checks["calc"], "calc", patch, tmp_path,
                    case.timeout_s)  # fmt: skip
+    if case.control is not None:
+        # The honest twin passes clean: the case's signal comes from its construct alone.
+        twin = fixture_repo.make_patch(case.control)  # type: ignore[arg-type]
+        (tmp_path / "control").mkdir()
+        c, c_log = grade(fixture_repo, session_paths, base_checks["calc"], "calc", twin,
+                         tmp_path / "control")  # fmt: skip
+        assert c.passed is True and c.tamper_signals == [] and c.trust == TRUST, (c, c_log)
     if case.passed is False:
         assert g.passed is False, log
     if case.reason is not None:

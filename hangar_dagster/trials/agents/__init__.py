@@ -17,6 +17,11 @@ from typing import Any
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.trials.sandbox import Sandbox
 
+# Every adapter's agent, and the trial's build and verify steps, run Python with these: no
+# bytecode is written, and what a tool compiles anyway goes to the sandbox's private /tmp, never
+# the work tree. A .pyc in a patch then stays a real tamper signal.
+NO_BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/tmp/hangar-pycache"}
+
 
 @dataclass(frozen=True)
 class AgentContext:

@@ -45,7 +45,7 @@ from typing import Any
 
 from hangar_dagster.experiment.harness import HarnessError
 from hangar_dagster.standins.agent import sandbox_path
-from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
     find_cli,
     install_mounts,
@@ -175,6 +175,7 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
         **ctx.env,
         # Set last: the context's extras cannot redirect the model API or HOME.
         **access.env,
+        **NO_BYTECODE_ENV,
         "HOME": HOME_MOUNT,
         "ANTHROPIC_BASE_URL": access.base_url,
         # The sandbox runs the CLI as uid 0 without capabilities; Claude Code refuses

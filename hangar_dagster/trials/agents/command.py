@@ -27,7 +27,7 @@ from typing import Any
 from hangar_dagster.experiment.drift import HARNESS_KEYS, harness_fingerprint
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock
 from hangar_dagster.standins.agent import parse_trace, sandbox_path
-from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.live import LiveUsage
 from hangar_dagster.trials.agents.run_common import agent_run, ending_error
 from hangar_dagster.trials.sandbox import Mount, SandboxRequest, SandboxResult
@@ -82,6 +82,7 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
         "HOME": "/tmp",
         **ctx.env,
         # Set last: the context's extras cannot redirect hangar's own variables.
+        **NO_BYTECODE_ENV,
         "HANGAR_INSTRUCTIONS_FILE": f"{IN_MOUNT}/{INSTRUCTIONS_NAME}",
         "HANGAR_HARNESS_DIR": HARNESS_MOUNT,
         "HANGAR_TRACE_OUT": f"{OUT_MOUNT}/{TRACE_NAME}",

@@ -44,7 +44,7 @@ import yaml
 
 from hangar_dagster.experiment.harness import HarnessError, tree_digest
 from hangar_dagster.standins.agent import sandbox_path
-from hangar_dagster.trials.agents import Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
     find_cli,
     lock_instructions,
@@ -316,6 +316,7 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
         **ctx.env,
         # Set last: the context's extras cannot redirect the model API or HOME.
         **access.env,
+        **NO_BYTECODE_ENV,
         "HOME": HOME_MOUNT,
         "MSWEA_GLOBAL_CONFIG_DIR": f"{HOME_MOUNT}/mini-swe-agent",
         "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt

@@ -175,3 +175,41 @@ def test_missing_command_names_the_field(tmp_path: Path) -> None:
     clone, _ = make_clone(tmp_path)
     with pytest.raises(HarnessError, match="agent.command"):
         CommandAgent().run(context(tmp_path, lock, clone))
+
+
+IMPORT_AND_COMPILE = (
+    'env > /out/agent.env; python -c "import calc"; '
+    "python -c \"import py_compile; print(py_compile.compile('calc.py'))\" > /out/compiled"
+)
+
+
+def test_python_in_the_agent_leaves_no_bytecode_in_the_patch(tmp_path: Path) -> None:
+    """Importing, even compiling by hand: the bytecode lands outside the work tree."""
+    lock = make_lock(tmp_path, IMPORT_AND_COMPILE)
+    clone, sha = make_clone(tmp_path)
+    # The experiment's extras cannot turn bytecode back on.
+    ctx = context(tmp_path, lock, clone, PYTHONDONTWRITEBYTECODE="", PYTHONPYCACHEPREFIX="")
+    run = CommandAgent().run(ctx)
+    assert run.exit_code == 0, run.output_tail
+    seen = dict(
+        line.split("=", 1)
+        for line in (tmp_path / "agent-out" / "out" / "agent.env").read_text().splitlines()
+        if "=" in line
+    )
+    assert seen["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert seen["PYTHONPYCACHEPREFIX"] == "/tmp/hangar-pycache"
+    compiled = (tmp_path / "agent-out" / "out" / "compiled").read_text().strip()
+    assert compiled.startswith("/tmp/hangar-pycache/") and compiled.endswith(".pyc"), compiled
+    patch = take_patch(clone, sha)
+    assert ".pyc" not in patch and "__pycache__" not in patch, patch
+    assert not list(clone.rglob("__pycache__")) and not list(clone.rglob("*.pyc"))
+
+
+def test_without_the_variables_the_same_command_leaves_bytecode(tmp_path: Path) -> None:
+    """The control: the check above sees bytecode when Python is told to write it."""
+    command = "env -u PYTHONDONTWRITEBYTECODE -u PYTHONPYCACHEPREFIX " + 'python -c "import calc"'
+    lock = make_lock(tmp_path, command)
+    clone, sha = make_clone(tmp_path)
+    run = CommandAgent().run(context(tmp_path, lock, clone))
+    assert run.exit_code == 0, run.output_tail
+    assert "__pycache__/calc." in take_patch(clone, sha)

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from hangar_dagster.trials.agents import AgentContext, run_common
+from hangar_dagster.standins import agent as standin
+from hangar_dagster.trials.agents import (
+    NO_BYTECODE_ENV,
+    AgentContext,
+    claude_code,
+    codex,
+    mini_swe,
+    run_common,
+)
 from hangar_dagster.trials.model_proxy import ModelAccess
 from hangar_dagster.trials.sandbox import Mount, SandboxResult
 from tests.trials.agents.cli_locks import cli_context, freeze_cli_lock
@@ -115,3 +123,21 @@ def test_cli_request_runs_under_the_forwarder_with_the_trial_limits(tmp_path: Pa
 def test_reported_by_cli_names_what_the_cli_said() -> None:
     assert run_common.reported_by_cli(model="m", cli_version=None, tools=[]) == ["model"]
     assert run_common.reported_by_cli(tools=["a"], cli_version="1") == ["cli_version", "tools"]
+
+
+def test_every_adapter_runs_python_without_bytecode_in_the_work_tree(tmp_path: Path) -> None:
+    """The CLI adapters' and the stand-in's environments, even when the experiment's extras try
+    to turn bytecode back on (the command adapter's own test runs Python in the sandbox)."""
+    agent = {"adapter": "command", "cli": "sh", "version": "1", "command": "true"}
+    lock = freeze_cli_lock(tmp_path, "h", agent, "m")
+    extras = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    ctx = cli_context(tmp_path, lock, tmp_path, "m", env=extras)
+    access = ModelAccess("openai", "http://127.0.0.1:9", [Mount(tmp_path, "/sock")], {}, 9, "/s")
+    envs = {m.__name__: m.sandbox_env(ctx, access) for m in (claude_code, codex, mini_swe)}
+    envs["standin"] = standin.request_for(ctx).env
+    assert NO_BYTECODE_ENV == {
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPYCACHEPREFIX": "/tmp/hangar-pycache",
+    }
+    for name, env in envs.items():
+        assert {k: env.get(k) for k in NO_BYTECODE_ENV} == NO_BYTECODE_ENV, name
