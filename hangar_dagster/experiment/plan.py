@@ -43,7 +43,7 @@ class ResolvedVariant(_Frozen):
     tasks: tuple[str, ...]
     pin_set: str
     model_requested: str | None = None  # as the lock wrote it: an id or a policy (balanced, ...)
-    model_concrete_basis: str | None = None  # list | pattern (models.py); None: an alias
+    model_concrete_basis: str | None = None  # list | pattern (model_policy.py); None: an alias
     model_note: str | None = None  # why the basis is pattern (also an experiment note)
     # A deprecated overlay variant: its harness was built at submit (overlay.py) and its
     # pin set is recorded by its first finished trial.

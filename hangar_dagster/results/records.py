@@ -55,7 +55,7 @@ class PinSetRecord(Record):
     environment_digest: str
     model: str
     model_concrete: bool
-    model_concrete_basis: str | None = None  # list | pattern: what vouched for the id (models.py)
+    model_concrete_basis: str | None = None  # list | pattern: what vouched for the id (model_policy.py)
     task_bases: dict[str, str]  # task id -> full base SHA
     grader_digest: str
     egress: str
@@ -107,7 +107,7 @@ class TrialRecord(Record):
     environment_digest: str
     model: str
     model_concrete: bool = False  # a concrete, dated id; false for an alias (ordinary jobs only)
-    model_concrete_basis: str | None = None  # list | pattern (models.py); None for an alias
+    model_concrete_basis: str | None = None  # list | pattern (model_policy.py); None for an alias
     agent: str  # adapter name
     agent_is_standin: bool  # true for the scripted stand-in agent: not a real model
     base_sha: str
