@@ -123,7 +123,7 @@ def hidden_files_for(experiment: ResolvedExperiment, task_id: str) -> dict[str, 
 
 
 def grader_digest(grader: Grader, hidden_files: dict[str, dict[str, str]]) -> str:
-    """sha256 over what decides a grade: command, network, files_mode, timeout, hidden files.
+    """sha256 over what decides a grade: command, network, files_mode, timeout, hidden files, pythonpath.
 
     ``hidden_files`` is {task id: {path: content}}; ``grader.files`` are
     covered too. The canary is left out: it is a secret and differs per
@@ -137,6 +137,8 @@ def grader_digest(grader: Grader, hidden_files: dict[str, dict[str, str]]) -> st
             "timeout_s": grader.timeout_s,
             "files": grader.files,
             "tasks": hidden_files,
+            # Only when set: the digests of graders without it stay what they were.
+            **({"pythonpath": grader.pythonpath} if grader.pythonpath else {}),
         }
     )
 
@@ -414,6 +416,8 @@ def run_grader(
             "HANGAR_TASK": task_id,
             "HANGAR_VARIANT": "",
             "HANGAR_EXPERIMENT": experiment.experiment_id,
+            # The repo's import roots (relative to it): hangar-grade puts them first on sys.path.
+            "HANGAR_PYTHONPATH": ":".join(grader.pythonpath),
             **env_extra,
             # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
