@@ -10,13 +10,16 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
 - ``collected``: every collected test, as JUnit names it, and those that
   carried an xfail mark when collection ended (a failure may be reported as
   skipped only for those);
-- ``call``: for each test function, whether its call returned or raised
-  (observed around the test function itself, beneath every report hook);
+- ``call``: for each test, whether it passed, beneath every report hook: a
+  pytest function by its call returning or raising (``pytest_pyfunc_call``),
+  a unittest ``TestCase`` by what unittest itself tells its result (the
+  item's ``addSuccess`` / ``addFailure`` / ...), a doctest by its run raising
+  (``pytest_runtest_call``);
 - ``tamper``: what it saw repo code do, ``fatal`` when that can forge a result
   (pytest's or this reporter's internals replaced, hooks registered from the
   repo, a skip or exit raised by repo code, the JUnit or report pipe opened by
   repo code, a function's code swapped, a test function swapped after
-  collection) and not fatal when it is only
+  collection, a TestCase's result rewired) and not fatal when it is only
   suspicious (a caller's frame read, the garbage collector's objects walked,
   an ``__eq__`` from the repo called by a test);
 - ``end``: the session finished (its exit status).

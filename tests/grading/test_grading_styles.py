@@ -287,13 +287,14 @@ def test_skip_xfail_or_exit_raised_by_repo_code_is_fatal(
 def test_skip_raised_by_repo_code_in_a_fixture_is_fatal(
     task_repo: tuple[Path, str], make_patch: PatchMaker, hpaths: HangarPaths
 ) -> None:
-    # The hidden fixture calls the repo while the test is set up: a skip there hides the test.
+    # The hidden fixture calls the repo while the test is set up: a skip there hides the test,
+    # and the unrelated test alone would pass the grade.
     hidden = {
         "test_fixture.py": (
             "import pytest\n\nfrom calc import add\n\n\n"
             "@pytest.fixture\ndef total():\n    return add(2, 3)\n\n\n"
             "def test_total(total):\n    assert total == 5\n\n\n"
-            "def test_zero():\n    assert add(0, 0) == 0\n"
+            "def test_unrelated():\n    assert 1 + 1 == 2\n"
         )
     }
     patch = make_patch({"calc.py": SKIP_FROM_REPO["pytest-skip"]})
