@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 _ID = re.compile(ID_PATTERN)
@@ -77,6 +77,24 @@ class Grader(_Strict):
         None, description="Generated per experiment when unset; never reuse one."
     )
     timeout_s: int = Field(300, ge=1)
+    pythonpath: list[str] = Field(
+        default_factory=list,
+        description="Directories of the repo (relative to its root, e.g. src for a src/ layout) "
+        "that hangar-grade puts first on the hidden tests' sys.path, before the repo root; "
+        "also given to the command as $HANGAR_PYTHONPATH.",
+    )
+
+    @field_validator("pythonpath")
+    @classmethod
+    def _inside_repo(cls, dirs: list[str]) -> list[str]:
+        for d in dirs:
+            parts = d.split("/")
+            if not d or d.startswith("/") or ".." in parts or "\\" in d or ":" in d:
+                raise ValueError(
+                    f"pythonpath entry {d!r} must be a directory inside the repo: relative, "
+                    "'/'-separated, without '..' or ':' (e.g. src)"
+                )
+        return dirs
 
 
 class Task(_Strict):

@@ -30,19 +30,27 @@ from typing import Literal
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.spec import Grader
-from hangar_dagster.grading.crosscheck import cross_check, parse_reporter, split_confirmed
+from hangar_dagster.grading.crosscheck import (
+    ReporterStream,
+    cross_check,
+    parse_reporter,
+    split_confirmed,
+)
 from hangar_dagster.grading.junit import MAX_BYTES, JunitResult, parse_junit_bytes, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
 from hangar_dagster.grading.static import static_signals
 from hangar_dagster.results.records import (
     BaseCheckRecord,
     GradeRecord,
+    GradeTestRecord,
     NoteRecord,
+    TestOutcome,
     TrialRecord,
     Trust,
 )
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.trials.canary import mask
+from hangar_dagster.trials.redact import redact
 from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
 from hangar_dagster.trials.sandbox._common import Capture
 from hangar_dagster.util.digests import sha256_json
@@ -98,6 +106,17 @@ _UID_BASE, _UID_SPAN = 1_500_000_000, 100_000_000
 _MAX_PROCESSES = 256  # processes and threads of one grader run (RLIMIT_NPROC)
 _MAX_FILE_MB = 256  # the largest file a grader command can write (RLIMIT_FSIZE)
 _ENV_EXTRA = {"HANGAR_TRIAL", "HANGAR_VARIANT"}
+_MESSAGE_CHARS = 200  # of a test's failure / skip message kept per test
+
+
+@dataclass(frozen=True)
+class HiddenTestResult:
+    """One hidden test as the grade stores it (grade_tests): outcome, time, short message."""
+
+    test_id: str
+    outcome: TestOutcome
+    duration_s: float
+    message: str | None  # first line, at most _MESSAGE_CHARS, redacted and canary-masked
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,39 @@ class GraderRun:
     run_signals: tuple[str, ...] = ()
     canary_files: int = 0  # hidden files that carry the canary line
     collected: tuple[str, ...] = ()  # test ids the trusted reporter saw collected
+    tests: tuple[HiddenTestResult, ...] = ()  # every testcase of the JUnit report
+
+
+def _short(message: str | None, canary: str) -> str | None:
+    if not message or not message.strip():
+        return None
+    line = message.strip().splitlines()[0]
+    if len(line) > _MESSAGE_CHARS:
+        line = line[: _MESSAGE_CHARS - 3] + "..."
+    text: str = redact(line, canary)
+    return text
+
+
+def per_test_results(
+    junit: JunitResult, stream: ReporterStream | None, canary: str
+) -> tuple[HiddenTestResult, ...]:
+    """Each testcase with pytest's xfail / xpass told apart from skips and passes.
+
+    JUnit has no xfail outcome: pytest writes an xfailed test as skipped with type
+    ``pytest.xfail``, and an xpassed one (not strict) as passed; the reporter's list of tests
+    that expected a failure at collection tells the second.
+    """
+    xfail = stream.xfail if stream is not None else frozenset()
+    out: dict[str, HiddenTestResult] = {}
+    for d in junit.details:
+        outcome: TestOutcome = d.outcome
+        if d.outcome == "skipped" and d.result_type == "pytest.xfail":
+            outcome = "xfailed"
+        elif d.outcome == "passed" and d.test_id in xfail:
+            outcome = "xpassed"
+        # A duplicated id (a failure of its own, in the cross-check) keeps its first row.
+        out.setdefault(d.test_id, HiddenTestResult(d.test_id, outcome, d.time_s, _short(d.message, canary)))  # fmt: skip
+    return tuple(out.values())
 
 
 def hidden_files_for(experiment: ResolvedExperiment, task_id: str) -> dict[str, str]:
@@ -125,7 +177,7 @@ def hidden_files_for(experiment: ResolvedExperiment, task_id: str) -> dict[str, 
 
 
 def grader_digest(grader: Grader, hidden_files: dict[str, dict[str, str]]) -> str:
-    """sha256 over what decides a grade: command, network, files_mode, timeout, hidden files.
+    """sha256 over what decides a grade: command, network, files_mode, timeout, hidden files, pythonpath.
 
     ``hidden_files`` is {task id: {path: content}}; ``grader.files`` are
     covered too. The canary is left out: it is a secret and differs per
@@ -139,6 +191,8 @@ def grader_digest(grader: Grader, hidden_files: dict[str, dict[str, str]]) -> st
             "timeout_s": grader.timeout_s,
             "files": grader.files,
             "tasks": hidden_files,
+            # Only when set: the digests of graders without it stay what they were.
+            **({"pythonpath": grader.pythonpath} if grader.pythonpath else {}),
         }
     )
 
@@ -417,6 +471,8 @@ def run_grader(
             "HANGAR_TASK": task_id,
             "HANGAR_VARIANT": "",
             "HANGAR_EXPERIMENT": experiment.experiment_id,
+            # The repo's import roots (relative to it): hangar-grade puts them first on sys.path.
+            "HANGAR_PYTHONPATH": ":".join(grader.pythonpath),
             **env_extra,
             # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
@@ -482,6 +538,7 @@ def run_grader(
             run_signals=tuple(mask(signals, canary)),
             canary_files=canary_files,
             collected=tuple(stream.collected or ()) if stream is not None else (),
+            tests=per_test_results(junit, stream, canary),
         )
     finally:
         for p in pipes:
@@ -532,7 +589,7 @@ def grade_trial(
             expected_tests=base_check.expected_tests if base_check is not None else (),
         )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
-    return GradeRecord(
+    grade = GradeRecord(
         experiment_id=experiment.experiment_id,
         trial_key=trial.trial_key,
         variant=trial.variant,
@@ -561,6 +618,20 @@ def grade_trial(
         duration_s=run.duration_s,
         canary_files=run.canary_files,
     )
+    base = base_check.base_outcomes if base_check is not None else None
+    return grade.with_tests([grade_test(grade, t, (base or {}).get(t.test_id)) for t in run.tests])
+
+
+def grade_test(grade: GradeRecord, test: HiddenTestResult, on_base: str | None) -> GradeTestRecord:
+    """The grade_tests row of one test; ``on_base`` is its outcome on the base check, if run."""
+    kind = {"failed": "fail_to_pass", "error": "fail_to_pass", "passed": "pass_to_pass",
+            "xpassed": "pass_to_pass"}.get(on_base or "")  # fmt: skip
+    return GradeTestRecord(
+        experiment_id=grade.experiment_id, trial_key=grade.trial_key, variant=grade.variant,
+        task=grade.task, replicate=grade.replicate, attempt=grade.attempt, test_id=test.test_id,
+        outcome=test.outcome, duration_s=test.duration_s, message=test.message,
+        on_base="fail_to_pass" if kind == "fail_to_pass" else "pass_to_pass" if kind else None,
+    )  # fmt: skip
 
 
 def contamination_notes(grade: GradeRecord) -> list[NoteRecord]:
@@ -642,4 +713,5 @@ def check_base(
         run_id=run_id,
         # What every trial's report must name: collected on base or on the reference patch.
         expected_tests=sorted({*base.collected, *(ref.collected if ref is not None else ())}),
+        base_outcomes={t.test_id: t.outcome for t in base.tests},
     )

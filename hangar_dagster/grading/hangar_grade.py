@@ -38,7 +38,7 @@ REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
 # A named list, not a HANGAR_* prefix, so nothing can smuggle a variable through by its name.
 _KEEP = (
     *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_GRADE_REPORT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
-    "HANGAR_EXPERIMENT", "PATH", "HOME", "LANG", "LC_ALL", "TZ",
+    "HANGAR_EXPERIMENT", "HANGAR_PYTHONPATH", "PATH", "HOME", "LANG", "LC_ALL", "TZ",
 )  # fmt: skip
 
 

@@ -30,11 +30,23 @@ def zero_counts() -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class CaseDetail:
+    """One ``<testcase>`` as the report states it (untrusted: the report's own words)."""
+
+    test_id: str
+    outcome: Outcome
+    time_s: float  # the testcase's time attribute; 0 when missing or not a number
+    message: str | None  # the result element's message (or text), if any
+    result_type: str | None  # its type attribute: pytest writes "pytest.xfail" for an xfail
+
+
+@dataclass(frozen=True)
 class JunitResult:
     ok: bool
     error: str | None  # why the report could not be used (ok is False)
     counts: dict[str, int] = field(default_factory=zero_counts)
     cases: list[tuple[str, Outcome]] = field(default_factory=list)  # (test id, outcome)
+    details: list[CaseDetail] = field(default_factory=list)  # the same cases, with more said
 
 
 def _outcome(case: TestCase) -> Outcome:
@@ -47,6 +59,21 @@ def _outcome(case: TestCase) -> Outcome:
     if any(isinstance(r, Skipped) for r in results):
         return "skipped"
     return "passed"
+
+
+def _detail(case: TestCase, outcome: Outcome) -> CaseDetail:
+    kinds = {"error": Error, "failed": Failure, "skipped": Skipped}
+    result = next((r for r in case.result if isinstance(r, kinds[outcome])), None) if outcome in kinds else None  # fmt: skip
+    message = None
+    if result is not None:
+        message = result.message or result.text or None
+    try:
+        time_s = max(float(case.time or 0.0), 0.0)
+    except (TypeError, ValueError):
+        time_s = 0.0
+    return CaseDetail(
+        _case_id(case), outcome, time_s, message, getattr(result, "type", None) or None
+    )
 
 
 def _case_id(case: TestCase) -> str:
@@ -88,6 +115,7 @@ def parse_junit_bytes(data: bytes, source: str = "<junit>", size: int | None = N
         return JunitResult(False, f"{source}: not a JUnit XML report ({err})")
     counts = zero_counts()
     cases: list[tuple[str, Outcome]] = []
+    details: list[CaseDetail] = []
     key = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
     for suite in xml:
         for case in suite:
@@ -95,7 +123,8 @@ def parse_junit_bytes(data: bytes, source: str = "<junit>", size: int | None = N
             counts["total"] += 1
             counts[key[outcome]] += 1
             cases.append((_case_id(case), outcome))
-    return JunitResult(True, None, counts, cases)
+            details.append(_detail(case, outcome))
+    return JunitResult(True, None, counts, cases, details)
 
 
 def parse_junit(path: Path) -> JunitResult:

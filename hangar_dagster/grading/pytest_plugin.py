@@ -1,6 +1,7 @@
 """The pytest plugin ``hangar-grade pytest`` loads with ``-p``: the repo on sys.path, hidden conftests.
 
-The repo goes on sys.path only here, once pytest has started, so nothing in it
+The repo (after the spec's ``grader.pythonpath`` directories of it, from
+``$HANGAR_PYTHONPATH``) goes on sys.path only here, once pytest has started, so nothing in it
 (a .pth file, sitecustomize.py, a pytest plugin it declares, a module named
 like one pytest imports at startup) can run before the runner is in place.
 
@@ -33,6 +34,19 @@ def _register_hidden_conftests(config: pytest.Config, hidden: str) -> None:
         config.pluginmanager.register(module, name)
 
 
+def _import_roots(repo: str) -> list[str]:
+    """``$HANGAR_PYTHONPATH``'s directories (relative to the repo), each checked to be inside it."""
+    roots = []
+    for rel in filter(None, os.environ.get("HANGAR_PYTHONPATH", "").split(":")):
+        path = os.path.normpath(os.path.join(repo, rel))
+        if os.path.commonpath([path, os.path.normpath(repo)]) != os.path.normpath(repo):
+            raise pytest.UsageError(
+                f"hangar-grade: HANGAR_PYTHONPATH entry {rel!r} leaves the repo"
+            )
+        roots.append(path)
+    return roots
+
+
 def pytest_configure(config: pytest.Config) -> None:
     repo = os.environ.get("HANGAR_REPO")
     if not repo or not os.path.isdir(repo):
@@ -41,9 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
             "run the hidden tests through `hangar-grade pytest`"
         )
     # First, as a plain `python -m pytest` in the repo would have it: the patched code wins
-    # over any installed copy of the same package.
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
+    # over any installed copy of the same package (hangar's own venv has packaging, tomli, ...).
+    # The spec's import roots (grader.pythonpath, e.g. src) go before the repo root.
+    for path in reversed([*_import_roots(repo), repo]):
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
     hidden = os.environ.get("HANGAR_HIDDEN_TESTS")
     # In files_mode in_repo the hidden tests are the repo: its conftests stay out.
     if hidden and os.path.isdir(hidden) and os.path.realpath(hidden) != os.path.realpath(repo):

@@ -10,13 +10,16 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
 - ``collected``: every collected test, as JUnit names it, and those that
   carried an xfail mark when collection ended (a failure may be reported as
   skipped only for those);
-- ``call``: for each test function, whether its call returned or raised
-  (observed around the test function itself, beneath every report hook);
+- ``call``: for each test, whether it passed, beneath every report hook: a
+  pytest function by its call returning or raising (``pytest_pyfunc_call``),
+  a unittest ``TestCase`` by what unittest itself tells its result (the
+  item's ``addSuccess`` / ``addFailure`` / ...), a doctest by its run raising
+  (``pytest_runtest_call``);
 - ``tamper``: what it saw repo code do, ``fatal`` when that can forge a result
   (pytest's or this reporter's internals replaced, hooks registered from the
   repo, a skip or exit raised by repo code, the JUnit or report pipe opened by
   repo code, a function's code swapped, a test function swapped after
-  collection) and not fatal when it is only
+  collection, a TestCase's result rewired) and not fatal when it is only
   suspicious (a caller's frame read, the garbage collector's objects walked,
   an ``__eq__`` from the repo called by a test);
 - ``end``: the session finished (its exit status).
@@ -37,18 +40,21 @@ import re
 import sys
 import threading
 import types
+import unittest.case
 import xml.etree.ElementTree
 from collections.abc import Callable, Generator
 from json.encoder import encode_basestring_ascii
 from types import FrameType
 from typing import Any
 
+import _pytest.doctest
 import _pytest.junitxml
 import _pytest.outcomes
 import _pytest.python
 import _pytest.reports
 import _pytest.runner
 import _pytest.skipping
+import _pytest.unittest
 import pluggy
 import pytest
 
@@ -59,6 +65,8 @@ _WATCHED_HOOKS = (
     "pytest_runtest_protocol", "pytest_runtest_call", "pytest_pyfunc_call",
     "pytest_collection_modifyitems", "pytest_collectreport", "pytest_sessionfinish",
     "pytest_terminal_summary", "pytest_deselected", "pytest_runtestloop",
+    "pytest_runtest_setup", "pytest_runtest_teardown", "pytest_pycollect_makeitem",
+    "pytest_collect_file", "pytest_itemcollected",
 )  # fmt: skip
 # Audit events that hand out live objects: pytest's items, reports, the reporter itself.
 _GC_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents")
@@ -73,12 +81,20 @@ _CLASSES = (
     _pytest.runner.CallInfo, _pytest.junitxml.LogXML, _pytest.junitxml._NodeReporter,
     _pytest.python.Function, xml.etree.ElementTree.ElementTree, pluggy.HookCaller,
     pluggy.PluginManager, pluggy.HookImpl, pluggy.Result,
+    # unittest reports a TestCase's outcome by calling its result (pytest's item): both sides.
+    _pytest.unittest.TestCaseFunction, _pytest.unittest.UnitTestCase, unittest.case.TestCase,
+    unittest.case._Outcome, _pytest.doctest.DoctestItem,  # type: ignore[attr-defined]
+)  # fmt: skip
+# The methods through which unittest reports a TestCase's outcome to its result.
+_UNITTEST_RESULTS = (
+    "addSuccess", "addError", "addFailure", "addSkip", "addExpectedFailure",
+    "addUnexpectedSuccess", "addSubTest",
 )  # fmt: skip
 # The modules whose functions and classes do, pluggy's found by what they define (its module
 # names are private and move between versions).
 _MODULES = (
     _pytest.runner, _pytest.reports, _pytest.skipping, _pytest.outcomes, _pytest.junitxml,
-    xml.etree.ElementTree,
+    _pytest.unittest, unittest.case, xml.etree.ElementTree,
     *{sys.modules[c.__module__] for c in _CLASSES if c.__module__.startswith("pluggy.")},
     sys.modules[vars(sys.modules[pluggy.PluginManager.__module__])["_multicall"].__module__],
 )  # fmt: skip
@@ -168,7 +184,14 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
     private = frozenset(int(m.group(1)) for m in pipes if m is not None)
     junit_file = os.path.normpath(os.path.abspath(junit_path))
     junitxml_file = _pytest.junitxml.__file__
-    mangle, outcome_exc = _pytest.junitxml.mangle_test_address, _pytest.outcomes.OutcomeException
+    mangle = _pytest.junitxml.mangle_test_address
+    # What a test raises to skip, xfail or end the session: never the repo's to raise.
+    outcome_exc = (_pytest.outcomes.OutcomeException, _pytest.outcomes.Exit, unittest.case.SkipTest)
+    skip_exc = (_pytest.outcomes.Skipped, unittest.case.SkipTest)
+    test_case_item, doctest_item = _pytest.unittest.TestCaseFunction, _pytest.doctest.DoctestItem
+    sub_test, exc_info, is_tuple = unittest.case._SubTest, sys.exc_info, tuple  # type: ignore[attr-defined]
+    # The item's own result methods, as they are now: the wrappers below call these.
+    unittest_results = tuple((n, vars(test_case_item)[n]) for n in _UNITTEST_RESULTS)
     xml_key, log_xml, node_reporter = _pytest.junitxml.xml_key, _pytest.junitxml.LogXML, _pytest.junitxml._NodeReporter  # fmt: skip
     getframe, getprofile, setprofile = sys._getframe, sys.getprofile, sys.setprofile
     kind, is_a, attr, names, ordered, length = type, isinstance, getattr, vars, sorted, len
@@ -232,6 +255,15 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
         finally:
             local.busy = False
 
+    def raised_by_repo(exc: object, tb: types.TracebackType | None) -> None:
+        """A skip, xfail or exit whose traceback passes through repo code: fatal."""
+        if is_a(exc, outcome_exc):
+            while tb is not None:
+                if where := repo_file(tb.tb_frame):
+                    tamper(f"repo code raised {kind(exc).__name__} ({where})", True)
+                    return
+                tb = tb.tb_next
+
     def profile(frame: FrameType, event: str, arg: object) -> None:
         if event == "call" and frame.f_code.co_name in ("__eq__", "__ne__"):
             if where := repo_file(frame):
@@ -293,11 +325,128 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
         # Created by junitxml's pytest_configure; kept here, whatever later becomes of the stash.
         log_xmls.extend(x for x in [session.config.stash.get(xml_key, None)] if x is not None)
 
+    def expects_failure(item: pytest.Item) -> bool:
+        """An xfail mark, or unittest's expectedFailure on the method or its class."""
+        if item.get_closest_marker("xfail"):
+            return True
+        if kind(item) is not test_case_item:
+            return False
+        flag = "__unittest_expecting_failure__"
+        return bool(attr(attr(item, "obj", None), flag, False) or attr(attr(item.parent, "obj", None), flag, False))  # fmt: skip
+
     def pytest_collection_finish(session: pytest.Session) -> None:
         collected.update((i.nodeid, test_code(i)) for i in session.items)
         ids = [junit_id(i.nodeid) for i in session.items]
-        xfail = [junit_id(i.nodeid) for i in session.items if i.get_closest_marker("xfail")]
+        xfail = [junit_id(i.nodeid) for i in session.items if expects_failure(i)]
         send("collected", ids=ids, xfail=xfail)
+
+    def unittest_results_of(item: pytest.Item, results: list[str]) -> dict[str, Callable[..., Any]]:
+        """Wrappers of the item's unittest result methods that note each outcome in ``results``.
+
+        ``""`` a success, ``"-"`` a subtest that passed or skipped, ``"Skipped"`` the test
+        skipped, anything else the name of what failed it. unittest calls these from inside
+        ``TestCase.run``, beneath every pytest hook and report.
+        """
+
+        def exception(info: object) -> tuple[object, types.TracebackType | None]:
+            if is_a(info, is_tuple):
+                return info[1], info[2]  # type: ignore[index]
+            return attr(info, "value", None), attr(info, "tb", None)
+
+        def failed(info: object) -> str:
+            exc, tb = exception(info)
+            raised_by_repo(exc, tb)
+            return kind(exc).__name__
+
+        def note(name: str, args: tuple[Any, ...]) -> None:
+            if name == "addSuccess":
+                # A failure swallowed by an expecting_failure set on the running outcome (the
+                # test's own decorator would have made this addExpectedFailure): not a success.
+                swallowed = attr(attr(args[0] if args else None, "_outcome", None), "expectedFailure", None)  # fmt: skip
+                results.append(failed(swallowed) if swallowed is not None else "")
+            elif name in ("addError", "addFailure", "addExpectedFailure"):
+                results.append(failed(args[1]))
+            elif name == "addUnexpectedSuccess":
+                results.append("UnexpectedSuccess")
+            elif name == "addSkip":
+                current = exc_info()
+                raised_by_repo(current[1], current[2])
+                results.append("-" if is_a(args[0], sub_test) else "Skipped")
+            elif name == "addSubTest":
+                info = args[2] if length(args) > 2 else None
+                if info is None or is_a(exception(info)[0], skip_exc):
+                    results.append("-")
+                else:
+                    results.append(failed(info))
+
+        def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                note(name, args)
+                return original(item, *args, **kwargs)
+
+            return wrapper
+
+        return {name: wrap(name, original) for name, original in unittest_results}
+
+    def verdict(results: list[str]) -> str | None:
+        bad = [r for r in results if r not in ("", "-", "Skipped")]
+        if bad:
+            return bad[0]
+        if "Skipped" in results:
+            return "Skipped"
+        return None if results else "NoResult"
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+        # Outermost: every item's call passes here, whatever its style. A plain test function's
+        # call is reported by pytest_pyfunc_call (beneath this); a unittest TestCase's and a
+        # doctest's here, since pytest never routes them through pytest_pyfunc_call.
+        item_kind = kind(item)
+        if item_kind is not test_case_item and item_kind is not doctest_item:
+            try:
+                return (yield)
+            except BaseException as exc:
+                raised_by_repo(exc, exc.__traceback__)
+                raise
+        test_id = junit_id(item.nodeid)
+        if collected.get(item.nodeid, None) is not test_code(item):
+            send("tamper", what=f"test function {test_id} replaced after collection", fatal=True)
+        results: list[str] = []
+        wrappers = unittest_results_of(item, results) if item_kind is test_case_item else {}
+        own_attrs = names(item)
+        own_attrs.update(wrappers)
+        previous: Callable[..., Any] | None = getprofile()
+        setprofile(profile)
+        try:
+            result = yield
+        except BaseException as exc:
+            setprofile(previous)
+            raised_by_repo(exc, exc.__traceback__)
+            send("call", id=test_id, raised=kind(exc).__name__)
+            raise
+        finally:
+            for name, wrapper in wrappers.items():
+                if own_attrs.pop(name, None) is not wrapper:
+                    send("tamper", what=f"unittest result of {test_id} rewired during the test", fatal=True)  # fmt: skip
+        setprofile(previous)
+        send("call", id=test_id, raised=verdict(results) if wrappers else None)
+        return result
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        except BaseException as exc:
+            raised_by_repo(exc, exc.__traceback__)
+            raise
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        except BaseException as exc:
+            raised_by_repo(exc, exc.__traceback__)
+            raise
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
@@ -312,13 +461,7 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
             result = yield
         except BaseException as exc:
             setprofile(previous)
-            if is_a(exc, outcome_exc):
-                tb = exc.__traceback__
-                while tb is not None:
-                    if where := repo_file(tb.tb_frame):
-                        tamper(f"repo code raised {kind(exc).__name__} ({where})", True)
-                        break
-                    tb = tb.tb_next
+            raised_by_repo(exc, exc.__traceback__)
             send("call", id=test_id, raised=kind(exc).__name__)
             raise
         setprofile(previous)
@@ -331,9 +474,11 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
         send("end", exitstatus=integer(exitstatus))
 
     hooks = (pytest_configure, pytest_sessionstart, pytest_collection_finish, pytest_pyfunc_call,
+             pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown,
              pytest_sessionfinish)  # fmt: skip
     own = (send, tamper, junit_id, repo_file, audit, profile, shadowed, check, test_code, *hooks,
-           take_snapshot, _writer, _snapshotter)  # fmt: skip
+           raised_by_repo, expects_failure, unittest_results_of, verdict, take_snapshot, _writer,
+           _snapshotter)  # fmt: skip
     codes = tuple((f, f.__code__) for f in own)
     status = {}
     with open("/proc/self/status") as f:
@@ -355,6 +500,9 @@ if os.environ.get(REPORT_ENV) and os.environ.get("HANGAR_REPO"):
         pytest_sessionstart,
         pytest_collection_finish,
         pytest_pyfunc_call,
+        pytest_runtest_call,
+        pytest_runtest_setup,
+        pytest_runtest_teardown,
         pytest_sessionfinish,
     ) = _install(
         os.environ[REPORT_ENV], os.environ["HANGAR_REPO"], os.environ.get("HANGAR_GRADE_JUNIT", "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 OutcomeClass = Literal[
     "completed",  # the agent finished and left a patch: an admissible measurement
@@ -55,7 +55,9 @@ class PinSetRecord(Record):
     environment_digest: str
     model: str
     model_concrete: bool
-    model_concrete_basis: str | None = None  # list | pattern: what vouched for the id (model_policy.py)
+    model_concrete_basis: str | None = (
+        None  # list | pattern: what vouched for the id (model_policy.py)
+    )
     task_bases: dict[str, str]  # task id -> full base SHA
     grader_digest: str
     egress: str
@@ -91,6 +93,9 @@ class BaseCheckRecord(Record):
     run_id: str
     # Test ids collected on base or the reference patch: every grade's report must have them.
     expected_tests: list[str] = Field(default_factory=list)
+    # Each hidden test's outcome on the unpatched base ({test id: TestOutcome}); None in checks
+    # stored before it was recorded.
+    base_outcomes: dict[str, str] | None = None
 
 
 class TrialRecord(Record):
@@ -158,6 +163,37 @@ class GradeRecord(Record):
     grader_digest: str
     duration_s: float
     canary_files: int = 0  # hidden files that carried the canary line in this grader run
+    # Not a column: the grade's per-test rows, which Store.put writes to grade_tests with it.
+    _tests: list[GradeTestRecord] = PrivateAttr(default_factory=list)
+
+    @property
+    def tests(self) -> list[GradeTestRecord]:
+        return self._tests
+
+    def with_tests(self, tests: list[GradeTestRecord]) -> GradeRecord:
+        self._tests = list(tests)
+        return self
+
+
+TestOutcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed"]
+
+
+class GradeTestRecord(Record):
+    """One hidden test of one grade (table grade_tests; written with its grade)."""
+
+    experiment_id: str
+    trial_key: str
+    variant: str
+    task: str
+    replicate: int
+    attempt: int
+    test_id: str  # as the JUnit report names it: module.Class::test
+    outcome: TestOutcome
+    duration_s: float  # the report's time for the test
+    message: str | None  # the first line of its failure / skip message, short, redacted
+    # fail_to_pass: failed or errored on the base check, so the fix must turn it; pass_to_pass:
+    # passed there. None when the base check did not run it to a pass or a fail.
+    on_base: Literal["fail_to_pass", "pass_to_pass"] | None
 
 
 class NoteRecord(Record):

@@ -23,6 +23,7 @@ from hangar_dagster.results.records import (
     ExperimentPinRecord,
     ExperimentRecord,
     GradeRecord,
+    GradeTestRecord,
     NoteRecord,
     OutcomeClass,
     PinSetRecord,
@@ -97,6 +98,9 @@ class Table:
     volatile: tuple[str, ...] = ()
     by_experiment: bool = True
     generated: tuple[Column, ...] = ()  # store-made columns that are not model fields
+    # The columns one Parquet file is per, when a file holds many rows (grade_tests: one file
+    # per grade); empty: one row per file.
+    file_key: tuple[str, ...] = ()
 
     @property
     def columns(self) -> list[Column]:
@@ -212,6 +216,14 @@ TABLES: tuple[Table, ...] = (
         ("experiment_id", "trial_key", "attempt"),
         "refuse",
         lambda r: trial_parts(r["trial_key"], r["attempt"]),
+    ),
+    Table(
+        "grade_tests",
+        GradeTestRecord,
+        ("experiment_id", "trial_key", "attempt", "test_id"),
+        "refuse",
+        lambda r: trial_parts(r["trial_key"], r["attempt"]),
+        file_key=("experiment_id", "trial_key", "attempt"),
     ),
     Table(
         "notes",

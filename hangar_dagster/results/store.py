@@ -32,6 +32,7 @@ from hangar_dagster.results.records import (
     BaseCheckRecord,
     ExperimentRecord,
     GradeRecord,
+    GradeTestRecord,
     NoteRecord,
     PinSetRecord,
     Record,
@@ -101,8 +102,22 @@ class Store:
                     f"{type(record).__name__}.trial_key is {record.trial_key!r} but variant/task/"
                     f"replicate say {expected!r}; build it with TrialKey(...).key"
                 )
-        batch = pa.Table.from_pylist([row], schema=table.arrow_schema())
-        self._write_parquet(table, row, batch)
+        if isinstance(record, GradeRecord) and record.tests:
+            # First: a grade in the store always has its per-test rows.
+            self._put_rows(BY_NAME["grade_tests"], record.tests)
+        self._put_rows(table, [record], [row])
+
+    def _put_rows(
+        self, table: Table, records: list[Any], rows: list[dict[str, Any]] | None = None
+    ) -> None:
+        """``records`` as one Parquet file of ``table`` (several only where it has a file_key)."""
+        rows = rows if rows is not None else [table.to_row(r) for r in records]
+        if len(rows) > 1:
+            keys = {tuple(r[k] for k in table.file_key) for r in rows} if table.file_key else ()
+            if len(keys) != 1:
+                raise ValueError(f"{table.name}: the rows of one file must share {table.file_key}")
+        batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+        self._write_parquet(table, rows[0], batch)
         try:
             with self._db() as con:
                 self._insert(con, table, batch)
@@ -178,16 +193,18 @@ class Store:
         return self._count(con, table.name) - before
 
     def _sync_if_behind(self, con: duckdb.DuckDBPyConnection) -> None:
-        # one file per row and DuckDB rows only ever come from files, so equal counts mean in sync
+        # one file per row (or per file_key) and DuckDB rows only ever come from files, so equal
+        # counts mean in sync
         for table in TABLES:
             files = sum(1 for _ in self.paths.parquet.glob(table.glob()))
-            if files != self._count(con, table.name):
+            if files != self._count(con, table.name, table.file_key):
                 added = self._sync_table(con, table)
                 log.info("synced %d %s row(s) from Parquet into DuckDB", added, table.name)
 
     @staticmethod
-    def _count(con: duckdb.DuckDBPyConnection, name: str) -> int:
-        got = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+    def _count(con: duckdb.DuckDBPyConnection, name: str, per: tuple[str, ...] = ()) -> int:
+        rows = f"(SELECT DISTINCT {', '.join(per)} FROM {name})" if per else name
+        got = con.execute(f"SELECT count(*) FROM {rows}").fetchone()
         return int(got[0]) if got else 0
 
     # ---- connections ---------------------------------------------------------------------
@@ -235,6 +252,12 @@ class Store:
     def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
         for table in TABLES:
             con.execute(table.ddl())
+            # A database made before a nullable column existed gains it (base_outcomes, ...).
+            for c in table.columns:
+                if c.nullable:
+                    con.execute(
+                        f'ALTER TABLE {table.name} ADD COLUMN IF NOT EXISTS "{c.name}" {c.sql_type}'
+                    )
         for view in VIEWS:
             con.execute(view)
 
@@ -343,6 +366,19 @@ class Store:
             assert isinstance(rec, PinSetRecord)
             out[row["_variant"]] = rec
         return out
+
+    def grade_tests(
+        self, experiment_id: str, trial_key: str | None = None
+    ) -> list[GradeTestRecord]:
+        """Per-test rows of an experiment's grades (every attempt), or of one trial key's."""
+        where, params = "experiment_id = ?", [experiment_id]
+        if trial_key is not None:
+            where, params = where + " AND trial_key = ?", [*params, trial_key]
+        return self._records(
+            GradeTestRecord,
+            f"SELECT * FROM grade_tests WHERE {where} ORDER BY trial_key, attempt, test_id",
+            params,
+        )
 
     def notes(self, experiment_id: str) -> list[NoteRecord]:
         return self._records(

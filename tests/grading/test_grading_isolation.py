@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 GRADER_ENV = {
     "HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_OUT", "HANGAR_GRADE_JUNIT",
     "HANGAR_GRADE_REPORT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT", "HANGAR_EXPERIMENT",
+    "HANGAR_PYTHONPATH",
     "PATH", "HOME", "LANG",
 }  # fmt: skip
 PYTEST_OWN = {"PYTEST_CURRENT_TEST", "PYTEST_VERSION"}
