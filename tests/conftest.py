@@ -18,6 +18,9 @@ from hangar_dagster.experiment.harness import freeze
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"
+# The corpus of real tasks: ../shared/corpus beside the checkout (CI has it there);
+# $HANGAR_CORPUS points elsewhere (a git worktree, say).
+CORPUS = Path(os.environ.get("HANGAR_CORPUS") or ROOT.parent / "shared" / "corpus")
 
 # --- tiers -------------------------------------------------------------------------------
 # Every test module names its tier in `pytestmark`; a test that differs from its module carries

@@ -25,10 +25,8 @@ import yaml
 from hangar_dagster.grading.by_hand import grade_by_hand, read_patch_file
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.util.gitrepo import git
+from tests.conftest import CORPUS, EXAMPLE
 
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = Path(os.environ.get("HANGAR_CORPUS") or ROOT.parent / "shared" / "corpus")
-EXAMPLE = ROOT / "examples" / "skills-ab"
 TRUST = "isolated" if os.geteuid() == 0 else "best_effort"
 
 # Tasks that need third-party packages (``requires``) or a build step (``setup``): graded once the
@@ -55,7 +53,8 @@ EQ_BY_NAME = {
 }
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+    pytest.mark.integration,
+    pytest.mark.needs_sandbox("bwrap"),
     pytest.mark.skipif(
         not CORPUS.is_dir() and not os.environ.get("CI"),
         reason=f"no corpus at {CORPUS} (set HANGAR_CORPUS)",

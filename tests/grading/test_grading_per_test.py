@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import factories
@@ -15,7 +14,7 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.trials.canary import MASK
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 SECRET = "sk-ant-api03-" + "x" * 40
 HIDDEN = {

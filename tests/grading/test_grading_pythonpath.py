@@ -3,7 +3,6 @@ copy wins over one installed in hangar's own environment."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from hangar_dagster.grading.grader import grader_digest, run_grader
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.util.gitrepo import git
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 # tomli is installed beside hangar (a dependency of its tools): the hidden test must see the
 # repo's src/tomli instead, as `PYTHONPATH=src pytest` in the repo would.

@@ -10,7 +10,6 @@ xfail or exit raised from the repo's code is a fatal tamper signal.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from grading_builders import FIXED, PatchMaker, experiment
 from hangar_dagster.grading.grader import GraderRun, grade_trust, run_grader
 from hangar_dagster.settings import HangarPaths
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
 TRUST = "isolated" if os.geteuid() == 0 else "best_effort"
 WRONG = "def add(a, b):\n    return 5\n"
