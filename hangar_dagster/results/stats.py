@@ -378,11 +378,11 @@ class Power:
 
     @property
     def label(self) -> str:
-        mde = "not estimable" if self.mde_pts is None else f"{_fmt(self.mde_pts)} pts"
-        text = (
-            f"detects {mde} at 80% power over {_n(self.n_tasks, 'task')} x "
-            f"{self.trials_per_task:g} trials"
-        )
+        design = f"{_n(self.n_tasks, 'task')} x {self.trials_per_task:g} trials"
+        if self.mde_pts is None or self.mde_pts >= 100:
+            text = f"{design} cannot detect any effect at 80% power"
+        else:
+            text = f"{design} detect {_fmt(self.mde_pts)} pts at 80% power"
         if not self.sign_flip_can_reject:
             text += f"; no sign-flip test over {_n(self.n_tasks, 'task')} can reach p < 0.05"
         if self.min_effect_pts is not None:

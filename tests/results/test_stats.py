@@ -283,6 +283,10 @@ def test_the_mde_is_the_standardized_mde_times_the_task_sd() -> None:
     need = TTestPower().solve_power(effect_size=20 / got.sd_task_diff_pts, alpha=0.05, power=0.8)
     assert got.tasks_needed == max(6, math.ceil(float(need)))
     assert got.sign_flip_can_reject and got.n_tasks == 8 and got.trials_per_task == 10
+    assert got.label == (
+        f"8 tasks x 10 trials detect {got.mde_pts:.1f} pts at 80% power; "
+        f"20.0 pts needs {got.tasks_needed} tasks"
+    )
 
 
 def test_more_trials_help_only_the_binomial_part() -> None:
@@ -293,6 +297,7 @@ def test_more_trials_help_only_the_binomial_part() -> None:
     assert got.tasks_needed == dict((p.trials_per_task, p.tasks) for p in got.plans)[3]
     # three tasks: no sign-flip p-value can reach 0.05, so more trials alone cannot answer it
     assert not got.sign_flip_can_reject and got.trials_needed is None
+    assert got.label.startswith("3 tasks x 3 trials cannot detect any effect at 80% power; ")
     assert "no sign-flip test over 3 tasks can reach p < 0.05" in got.label
 
 
