@@ -174,6 +174,15 @@ class GradeRecord(Record):
         self._tests = list(tests)
         return self
 
+    def __eq__(self, other: object) -> bool:
+        # A grade is its columns: one read back from the store (no per-test rows attached)
+        # equals the one that was stored.
+        if not isinstance(other, GradeRecord):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic models are
+
 
 TestOutcome = Literal["passed", "failed", "error", "skipped", "xfailed", "xpassed"]
 
