@@ -22,7 +22,8 @@ from hangar_dagster.cli.common import (
 )
 from hangar_dagster.cli.ui import notify_webserver
 from hangar_dagster.experiment.spec import SpecError, json_schema
-from hangar_dagster.settings import HangarPaths, ensure_dagster_home, paths
+from hangar_dagster.orchestration.instance import ensure_dagster_home
+from hangar_dagster.settings import Settings, paths
 
 app = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 
@@ -37,17 +38,18 @@ def run_cmd(
     """Validate and submit SPEC; with --wait, run it to its index and print the summary."""
     from hangar_dagster.experiment.submit import submit
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     try:
-        exp = submit(spec, p)
+        exp = submit(spec, settings)
     except SpecError as e:
         err.print(f"[red]refused:[/] {e}")
         raise typer.Exit(2) from None
     console.print(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
-    ensure_dagster_home()  # the daemon and the UI need the instance even before a run
-    notify_webserver(p)
+    ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
+    notify_webserver(settings)
     if not wait:
         from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 
@@ -56,7 +58,7 @@ def run_cmd(
             "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
         )
         return
-    _drive(p, exp)
+    _drive(settings, exp)
 
 
 @app.command("resume")
@@ -65,9 +67,10 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.orchestration.driver import run_in_flight
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     exp = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
-    busy = run_in_flight(exp)
+    busy = run_in_flight(exp, settings)
     if busy is not None:  # running beside it would run (and pay for) the same trials twice
         err.print(
             f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; resume runs the "
@@ -75,14 +78,15 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
             "it in the Dagster UI if its worker is gone"
         )
         raise typer.Exit(2)
-    _drive(p, exp)
+    _drive(settings, exp)
 
 
-def _drive(p: HangarPaths, exp: Any) -> None:
+def _drive(settings: Settings, exp: Any) -> None:
     from hangar_dagster.orchestration.driver import StageFailed, drive
 
+    p = settings.paths
     try:
-        drive(exp, store_of(p), say=lambda m: console.print(f"[yellow]{m}[/]"))
+        drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
     except StageFailed as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(1) from None
@@ -196,10 +200,10 @@ def _queue_state(exp: Any, store: Any) -> dict[str, Any]:
     import datetime as dt
 
     from hangar_dagster.queue.starts import pending, waiting_reason
-    from hangar_dagster.queue.window import window_from_env
 
-    work = pending(exp, store)
-    why = waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+    settings = Settings.from_env()
+    work = pending(exp, store, settings)
+    why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work else None
     return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import dagster as dg
 
 from hangar_dagster.experiment.harness import load_lock
-from hangar_dagster.experiment.model_policy import ModelCatalog, cache_dir
+from hangar_dagster.experiment.model_policy import ModelCatalog
 from hangar_dagster.experiment.overlay import record_pins as record_overlay_pins
 from hangar_dagster.experiment.pins import lock_pin_content, pin_set_record
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
@@ -35,10 +35,8 @@ from hangar_dagster.queue.starts import (
     blocker,
     pending,
     record_queue_notes,
-    tpm_budget,
     waiting_reason,
 )
-from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.records import ExperimentPinRecord, GradeRecord, NoteRecord, TrialRecord
 from hangar_dagster.results.store import DuplicateRecordError
 from hangar_dagster.trials.redact import redact
@@ -145,7 +143,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         if record is None:
             raise dg.Failure(f"experiment {exp.experiment_id} was never submitted")
         # Refused at submit, and again now: an alias declared since (HANGAR_MODEL_ALIASES) counts.
-        catalog = ModelCatalog(cache_dir(hangar.paths))
+        catalog = ModelCatalog.of(hangar.settings())
         refused = [
             str(Problem(path=f"variants.{v.name}.harness_lock", message=r.message, fix=r.fix))
             for v in exp.variants.values()
@@ -181,6 +179,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     )
     def pin_sets(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
+        aliases = hangar.settings().model_aliases
         for name in context.partition_keys:
             variant = exp.variants[name]
             # Re-verify the lock now: a registry edited since submit must not run.
@@ -193,6 +192,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     model_concrete_basis=variant.model_concrete_basis,
                     task_bases={t: exp.tasks[t].base_sha for t in variant.tasks},
                     grader_digest=exp.grader_digest,
+                    aliases=aliases,
                 )
             )
             if record.pin_set != variant.pin_set:
@@ -284,17 +284,18 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     )
     def trials(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         store = hangar.store()
-        window = window_from_env()
+        settings = hangar.settings()  # once per run: every trial of it runs under the same
+        window = settings.window
 
         def still_running(marker: StartedMarker) -> bool:
             # A killed in-process run stays STARTED in Dagster: its process decides then.
             run = context.instance.get_run_by_id(marker.run_id)
             return run is not None and not run.is_finished and marker.process_alive()
 
-        for cut in close_interrupted(exp, store, hangar.paths, context.run_id, still_running):
+        for cut in close_interrupted(exp, store, settings, context.run_id, still_running):
             context.log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
-        work = pending(exp, store)
-        for note in record_queue_notes(exp, store):
+        work = pending(exp, store, settings)
+        for note in record_queue_notes(exp, store, settings):
             context.log.warning(note.message)
         todo = {k.key for k in work.keys}
         latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
@@ -316,7 +317,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 )
         for said in record_overlay_pins(exp, store, context.run_id):  # a crash may have left one
             context.log.info(said)
-        throttle = TokenThrottle(store.tokens_finished_since, tpm_budget())
+        throttle = TokenThrottle(store.tokens_finished_since, settings.tpm_budget)
 
         def drain_reason(now: dt.datetime) -> str | None:
             if drain_marker(hangar.paths, context.run_id).exists():
@@ -331,7 +332,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
 
             def one(key: TrialKey) -> TrialRecord | str:
                 throttle.wait(cancelled=watcher.cancel.is_set)
-                why = watcher.why or blocker(exp, store, window, dt.datetime.now(dt.UTC))
+                why = watcher.why or blocker(exp, store, settings, dt.datetime.now(dt.UTC))
                 if why:
                     return why  # not started; a later run picks it up
                 retry = work.retries.get(key.key)
@@ -345,7 +346,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                     run_id=context.run_id,
                     cancel=watcher.trial_cancel(),
                 )
-                record, _patch = run_trial(request, hangar.paths)
+                record, _patch = run_trial(request, settings)
                 try:
                     store.put(record)  # stored the moment it finishes: a crash later loses nothing
                 except DuplicateRecordError:
@@ -369,7 +370,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
                 )
                 for said in record_overlay_pins(exp, store, context.run_id):
                     context.log.info(said)
-        for note in record_queue_notes(exp, store):  # what this run's failures led to
+        for note in record_queue_notes(exp, store, settings):  # what this run's failures led to
             context.log.warning(note.message)
 
     @dg.asset(
@@ -443,11 +444,10 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             f"| {s['variant']} | {s['trials']} | {s['passed']} | {s['pass_rate_pts']} |"
             for s in summary
         ]
-        work = pending(exp, store)
+        settings = hangar.settings()
+        work = pending(exp, store, settings)
         # Why trials are still missing, if they are: the window, a spent budget, the breaker.
-        why = (
-            waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
-        )
+        why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work else None
         return dg.MaterializeResult(
             metadata={
                 "summary": dg.MetadataValue.md("\n".join(table)),
