@@ -66,15 +66,16 @@ def _pool_trial(args: tuple[str, str, int]) -> float:
     from hangar_dagster.experiment.plan import TrialKey
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.grading.grader import grade_trial
-    from hangar_dagster.settings import HangarPaths
+    from hangar_dagster.settings import Settings
     from hangar_dagster.trials.trial import TrialRequest, run_trial
 
     home, experiment_id, rep = args
-    paths = HangarPaths(Path(home))
+    settings = Settings.from_env({**os.environ, "HANGAR_HOME": home})
+    paths = settings.paths
     exp = load_resolved(paths, experiment_id)
     key = TrialKey("plain", next(iter(exp.tasks)), rep)
     record, patch = run_trial(
-        TrialRequest(experiment=exp, key=key, attempt=1, retry_of=None, run_id="pool"), paths
+        TrialRequest(experiment=exp, key=key, attempt=1, retry_of=None, run_id="pool"), settings
     )
     grade = grade_trial(exp, record, patch, None, "pool", paths)
     return record.duration_s + grade.duration_s
@@ -83,11 +84,12 @@ def _pool_trial(args: tuple[str, str, int]) -> float:
 def run_pool(spec: Path, home: Path, trials: int) -> tuple[float, list[float], float]:
     from hangar_dagster.experiment.submit import submit
     from hangar_dagster.grading.grader import check_base
-    from hangar_dagster.settings import HangarPaths
+    from hangar_dagster.settings import Settings
 
-    paths = HangarPaths(home)
+    settings = Settings.from_env({**os.environ, "HANGAR_HOME": str(home)})
+    paths = settings.paths
     start = time.perf_counter()
-    exp = submit(spec, paths)
+    exp = submit(spec, settings)
     check_base(exp, next(iter(exp.tasks)), "pool", paths)
     loop, work = [], 0.0
     with ProcessPoolExecutor(max_workers=1) as pool:

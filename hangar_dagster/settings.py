@@ -1,16 +1,44 @@
-"""Where state lives, and the environment variables that move it.
+"""Where state lives, and every operator setting: the one module that reads hangar's environment.
 
 Everything hangar writes sits under one directory, ``HANGAR_HOME`` (default
 ``.hangar/`` in the working directory), so a fresh checkout starts clean and
-``rm -rf .hangar`` is a full reset. This is the one module that maps
-environment to paths; everything else asks it.
+``rm -rf .hangar`` is a full reset. ``Settings.from_env`` reads every operator
+variable (the names below; docs/operations.md has the table) into one frozen
+object; the CLI commands, the Dagster resource and the sensors' ticks build it
+once and pass it down. tests/test_settings_source.py fails when another module
+reads a ``HANGAR_`` variable itself (the in-sandbox programs excepted).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hangar_dagster.queue.budget import Caps
+    from hangar_dagster.queue.window import EvalWindow
+
+HOME_VAR = "HANGAR_HOME"
+DAGSTER_HOME_VAR = "DAGSTER_HOME"
+WINDOW_VAR = "HANGAR_EVAL_WINDOW"
+TZ_VAR = "HANGAR_EVAL_TZ"
+TPM_BUDGET_VAR = "HANGAR_EVAL_TPM_BUDGET"
+RETRIES_VAR = "HANGAR_TRIAL_INFRA_RETRIES"
+BREAKER_VAR = "HANGAR_OUTAGE_BREAKER_STREAK"
+TEAM_CAP_VAR = "HANGAR_EVAL_BUDGET_USD_MONTH"
+AUTHOR_CAP_VAR = "HANGAR_EVAL_AUTHOR_CAP_USD_MONTH"
+ALIASES_VAR = "HANGAR_MODEL_ALIASES"
+ANTHROPIC_BASE_URL_VAR = "HANGAR_ANTHROPIC_BASE_URL"
+OPENAI_BASE_URL_VAR = "HANGAR_OPENAI_BASE_URL"
+ANTHROPIC_KEY_VAR = "ANTHROPIC_API_KEY"
+OPENAI_KEY_VAR = "OPENAI_API_KEY"
+AGENT_BIN_DIR_VAR = "HANGAR_AGENT_BIN_DIR"
+HARNESS_REPO_VAR = "HANGAR_HARNESS_REPO"
+WEBSERVER_URL_VAR = "HANGAR_WEBSERVER_URL"
 
 
 @dataclass(frozen=True)
@@ -42,11 +70,6 @@ class HangarPaths:
         """Scratch space for clones and sandboxes; safe to delete between runs."""
         return self.home / "work"
 
-    @property
-    def dagster_home(self) -> Path:
-        explicit = os.environ.get("DAGSTER_HOME")
-        return Path(explicit).resolve() if explicit else self.home / "dagster"
-
     def experiment_dir(self, experiment_id: str) -> Path:
         return self.experiments / experiment_id
 
@@ -54,28 +77,118 @@ class HangarPaths:
         return self.artifacts / experiment_id / trial_key.replace("/", "__") / f"attempt-{attempt}"
 
 
-def hangar_home() -> Path:
-    return Path(os.environ.get("HANGAR_HOME", ".hangar")).resolve()
-
-
 def paths() -> HangarPaths:
-    return HangarPaths(hangar_home())
+    """This process's paths: an entry point's shortcut for ``Settings.from_env().paths``."""
+    return Settings.from_env().paths
 
 
-def ensure_dagster_home() -> Path:
-    """Point ``DAGSTER_HOME`` at the hangar home's ``dagster/`` (unless set) and seed dagster.yaml.
+def _text(environ: Mapping[str, str], name: str) -> str:
+    return environ.get(name, "").strip()
 
-    The CLI and the webserver must share one instance, so both call this before
-    touching Dagster.
+
+@dataclass(frozen=True)
+class Settings:
+    """Every operator variable, read once from one environment (docs/operations.md, the table).
+
+    Entry points build it (``Settings.from_env()``: a CLI command, the definitions, a run's
+    resource, a sensor's tick) and pass it down; domain code takes it or the values it needs
+    and never reads the environment itself. Values an operator can get wrong (the window, the
+    counts, the caps) stay as written and are parsed by the property that uses them, so a bad
+    value fails where it matters, naming its variable, as it did before there was one object.
     """
-    p = paths()
-    home = p.dagster_home
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        shipped = Path(__file__).parent / "orchestration" / "dagster.yaml"
-        tmp = cfg.with_suffix(".tmp")
-        tmp.write_text(shipped.read_text())
-        tmp.replace(cfg)
-    return home
+
+    home: Path
+    dagster_home: Path
+    eval_window: str = ""  # empty: the default window
+    eval_tz: str = ""
+    eval_tpm_budget: str = ""
+    trial_infra_retries: str = ""
+    outage_breaker_streak: str = ""
+    eval_budget_usd_month: str = ""
+    eval_author_cap_usd_month: str = ""
+    model_aliases: frozenset[str] = frozenset()
+    anthropic_base_url: str | None = None
+    openai_base_url: str | None = None
+    # The provider keys: never shown (repr) and given to a Dagster run only as EnvVar.
+    anthropic_api_key: str | None = field(default=None, repr=False)
+    openai_api_key: str | None = field(default=None, repr=False)
+    agent_bin_dir: str | None = None
+    harness_repo: str | None = None
+    webserver_url: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings of ``environ`` (default: this process's environment, read now)."""
+        env = os.environ if environ is None else environ
+        home = Path(env.get(HOME_VAR, ".hangar")).resolve()
+        explicit = env.get(DAGSTER_HOME_VAR)
+        return cls(
+            home=home,
+            dagster_home=Path(explicit).resolve() if explicit else home / "dagster",
+            eval_window=_text(env, WINDOW_VAR),
+            eval_tz=_text(env, TZ_VAR),
+            eval_tpm_budget=_text(env, TPM_BUDGET_VAR),
+            trial_infra_retries=_text(env, RETRIES_VAR),
+            outage_breaker_streak=_text(env, BREAKER_VAR),
+            eval_budget_usd_month=_text(env, TEAM_CAP_VAR),
+            eval_author_cap_usd_month=_text(env, AUTHOR_CAP_VAR),
+            model_aliases=frozenset(
+                a.lower() for a in re.split(r"[\s,]+", env.get(ALIASES_VAR, "")) if a
+            ),
+            anthropic_base_url=env.get(ANTHROPIC_BASE_URL_VAR) or None,
+            openai_base_url=env.get(OPENAI_BASE_URL_VAR) or None,
+            anthropic_api_key=env.get(ANTHROPIC_KEY_VAR) or None,
+            openai_api_key=env.get(OPENAI_KEY_VAR) or None,
+            agent_bin_dir=env.get(AGENT_BIN_DIR_VAR) or None,
+            harness_repo=env.get(HARNESS_REPO_VAR) or None,
+            webserver_url=env.get(WEBSERVER_URL_VAR) or None,
+        )
+
+    @property
+    def paths(self) -> HangarPaths:
+        return HangarPaths(self.home)
+
+    # The queue's modules own their values' rules and error messages; they import this module
+    # (the store does too), so they are imported here when a value is asked for.
+
+    @property
+    def window(self) -> EvalWindow:
+        """The eval window (``HANGAR_EVAL_WINDOW`` in ``HANGAR_EVAL_TZ``); WindowError if bad."""
+        from hangar_dagster.queue.window import DEFAULT_TZ, DEFAULT_WINDOW, parse_window
+
+        return parse_window(self.eval_window or DEFAULT_WINDOW, self.eval_tz or DEFAULT_TZ)
+
+    @property
+    def infra_retries(self) -> int:
+        """Retries one trial key may have after infra errors (2); RetryConfigError if bad."""
+        from hangar_dagster.queue.retries import DEFAULT_INFRA_RETRIES, parse_count
+
+        return parse_count(RETRIES_VAR, self.trial_infra_retries, DEFAULT_INFRA_RETRIES, 0)
+
+    @property
+    def breaker_streak(self) -> int:
+        """Systemic failures in a row that trip the outage breaker (5); RetryConfigError if bad."""
+        from hangar_dagster.queue.retries import DEFAULT_BREAKER_STREAK, parse_count
+
+        return parse_count(BREAKER_VAR, self.outage_breaker_streak, DEFAULT_BREAKER_STREAK, 1)
+
+    @property
+    def tpm_budget(self) -> int | None:
+        """Provider tokens per minute trial starts are paced to (None: no limit); ValueError if bad."""
+        from hangar_dagster.queue.starts import parse_tpm_budget
+
+        return parse_tpm_budget(self.eval_tpm_budget)
+
+    @property
+    def caps(self) -> Caps:
+        """The monthly eval budgets; BudgetConfigError naming a bad variable."""
+        from hangar_dagster.queue.budget import parse_caps
+
+        return parse_caps(self.eval_budget_usd_month, self.eval_author_cap_usd_month)
+
+    def provider_base_url(self, provider: str) -> str | None:
+        """``HANGAR_<PROVIDER>_BASE_URL`` as set (None: the provider's own)."""
+        return {"anthropic": self.anthropic_base_url, "openai": self.openai_base_url}.get(provider)
+
+    def provider_key(self, provider: str) -> str | None:
+        return {"anthropic": self.anthropic_api_key, "openai": self.openai_api_key}.get(provider)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.records import (
     BaseCheckRecord,
     ExperimentPinRecord,
@@ -18,7 +19,7 @@ from hangar_dagster.results.records import (
     TrialRecord,
 )
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 
 T0 = dt.datetime(2025, 3, 4, 1, 2, 3, tzinfo=dt.UTC)
 EXP = "exp-0001"
@@ -182,3 +183,15 @@ def grade(
 
 def note(message: str = "overlay variant 'base' is deprecated", **kw: Any) -> NoteRecord:
     return NoteRecord(**(dict(experiment_id=EXP, kind="deprecation", message=message) | kw))
+
+
+def settings(window: EvalWindow | None = None, **env: str) -> Settings:
+    """This process's settings (its HANGAR_HOME), with ``window`` and the variables in ``env``."""
+    import dataclasses
+    import os
+
+    base = Settings.from_env({**os.environ, **env})
+    if window is None:
+        return base
+    written = "always" if window.always else f"{window.start:%H:%M}-{window.end:%H:%M}"
+    return dataclasses.replace(base, eval_window=written, eval_tz=window.tz.key)

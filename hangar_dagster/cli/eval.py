@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from hangar_dagster.cli.common import console, err, store_of
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="The eval budget.")
 
@@ -31,7 +31,8 @@ def budget_cmd(
         err.print(f"[red]--month: {e}[/]")
         raise typer.Exit(2) from None
     try:
-        report = month_report(store_of(paths()), chosen)
+        settings = Settings.from_env()
+        report = month_report(store_of(settings.paths), chosen, settings.caps)
     except BudgetConfigError as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2) from None

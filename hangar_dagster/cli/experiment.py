@@ -23,7 +23,8 @@ from hangar_dagster.cli.common import (
 from hangar_dagster.cli.ui import notify_webserver
 from hangar_dagster.experiment.spec import SpecError, json_schema
 from hangar_dagster.experiment.state import Refusal, State
-from hangar_dagster.settings import HangarPaths, ensure_dagster_home, paths
+from hangar_dagster.orchestration.instance import ensure_dagster_home
+from hangar_dagster.settings import HangarPaths, Settings, paths
 
 if TYPE_CHECKING:
     from hangar_dagster.orchestration.status import RunStatus
@@ -41,17 +42,18 @@ def run_cmd(
     """Validate and submit SPEC; with --wait, run it to its index and print the summary."""
     from hangar_dagster.experiment.submit import submit
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     try:
-        exp = submit(spec, p)
+        exp = submit(spec, settings)
     except SpecError as e:
         err.print(f"[red]refused:[/] {e}")
         raise typer.Exit(2) from None
     console.print(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
-    ensure_dagster_home()  # the daemon and the UI need the instance even before a run
-    notify_webserver(p)
+    ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
+    notify_webserver(settings)
     if not wait:
         from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 
@@ -60,7 +62,7 @@ def run_cmd(
             "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
         )
         return
-    _drive(p, exp)
+    _drive(settings, exp)
 
 
 @app.command("resume")
@@ -69,10 +71,11 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.orchestration.driver import run_in_flight
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     exp = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
     _refuse_if_archived(p, exp.experiment_id, "resume")
-    busy = run_in_flight(exp)
+    busy = run_in_flight(exp, settings)
     if busy is not None:  # running beside it would run (and pay for) the same trials twice
         err.print(
             f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; resume runs the "
@@ -80,7 +83,7 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
             "it in the Dagster UI if its worker is gone"
         )
         raise typer.Exit(2)
-    _drive(p, exp)
+    _drive(settings, exp)
 
 
 def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
@@ -94,11 +97,12 @@ def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
         raise typer.Exit(2)
 
 
-def _drive(p: HangarPaths, exp: Any) -> None:
+def _drive(settings: Settings, exp: Any) -> None:
     from hangar_dagster.orchestration.driver import StageFailed, drive
 
+    p = settings.paths
     try:
-        drive(exp, store_of(p), say=lambda m: console.print(f"[yellow]{m}[/]"))
+        drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
     except StageFailed as e:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(1) from None
@@ -224,10 +228,10 @@ def _queue_state(exp: Any, store: Any, archived: bool) -> dict[str, Any]:
     import datetime as dt
 
     from hangar_dagster.queue.starts import pending, waiting_reason
-    from hangar_dagster.queue.window import window_from_env
 
-    work = pending(exp, store)
-    why = waiting_reason(exp, store, window_from_env(), dt.datetime.now(dt.UTC)) if work else None
+    settings = Settings.from_env()
+    work = pending(exp, store, settings)
+    why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work else None
     if work and archived:
         why = "archived: `hangar experiment unarchive` lets them run"
     return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
@@ -263,8 +267,9 @@ def list_cmd(
     ] = None,
 ) -> None:
     """Every experiment with its state (waiting, running, complete, archived) and trials done."""
-    p = paths()
-    rows = experiment_rows(p)
+    settings = Settings.from_env()
+    p = settings.paths
+    rows = experiment_rows(settings)
     shown = [
         r
         for r in rows
@@ -299,15 +304,15 @@ def _list_table(p: HangarPaths, shown: list[dict[str, Any]]) -> Table:
     return table
 
 
-def experiment_rows(p: HangarPaths) -> list[dict[str, Any]]:
+def experiment_rows(settings: Settings) -> list[dict[str, Any]]:
     """One row per stored experiment, oldest first; the state from ``state.experiment_state``."""
+    p = settings.paths
     import datetime as dt
 
     from hangar_dagster.experiment.catalog import archived_ids
     from hangar_dagster.experiment.state import experiment_state
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.queue.starts import pending, waiting_reason
-    from hangar_dagster.queue.window import window_from_env
 
     store = store_of(p)
     records = [r for r in store.experiments() if p.experiment_dir(r.experiment_id).is_dir()]
@@ -315,10 +320,10 @@ def experiment_rows(p: HangarPaths) -> list[dict[str, Any]]:
         return []
     from hangar_dagster.orchestration.status import run_status  # dagster: only when there is a row
 
-    runs = run_status()
+    runs = run_status(settings)
     archived = archived_ids(p)
     progress = store.trial_progress()
-    window, now = window_from_env(), dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.UTC)
     rows = []
     for rec in records:
         eid = rec.experiment_id
@@ -327,9 +332,9 @@ def experiment_rows(p: HangarPaths) -> list[dict[str, Any]]:
             n_pending, done, why = 0, min(tried, rec.trials_planned), None
         else:
             exp = load_resolved(p, eid)
-            work = pending(exp, store)
+            work = pending(exp, store, settings)
             n_pending, done = len(work.keys), rec.trials_planned - len(work.keys)
-            why = waiting_reason(exp, store, window, now) if work else None
+            why = waiting_reason(exp, store, settings, now) if work else None
         state = experiment_state(
             archived=eid in archived,
             in_flight=eid in runs.in_flight,
@@ -385,13 +390,14 @@ def archive_cmd(
     from hangar_dagster.queue.starts import pending
     from hangar_dagster.results.records import NoteRecord, utcnow
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     eid = find_experiment(p, name_or_id).experiment_id
     if (already := read_archived(p, eid)) is not None:
         console.print(f"{eid} is already archived ({already.at:%Y-%m-%d %H:%M %Z} by {already.by})")
         return
     store = store_of(p)
-    work = pending(load_resolved(p, eid), store)
+    work = pending(load_resolved(p, eid), store, settings)
     last = store.trial_progress().get(eid, (0, None))[1]
 
     def check(force: bool, runs: RunStatus) -> Refusal | None:
@@ -407,7 +413,7 @@ def archive_cmd(
         err.print(f"[red]refused:[/] {eid}: {escape(why.message)}; {escape(why.fix)}")
         raise typer.Exit(2)
 
-    runs = run_status()
+    runs = run_status(settings)
     if (why := check(force, runs)) is not None:
         refuse(why)
     forced = check(False, runs) is not None  # --force was needed, and is recorded
@@ -423,12 +429,12 @@ def archive_cmd(
         ),
     )
     # A run the daemon launched while we checked would lose its job: check again, then undo.
-    if (late := check(True, run_status())) is not None:
+    if (late := check(True, run_status(settings))) is not None:
         remove_archived(p, eid)
         refuse(late)
     given_up = f"; forced, {len(work.keys)} trial(s) pending given up" if forced else ""
     store.put(NoteRecord(experiment_id=eid, kind="archive", message=f"archived by {by}{given_up}"))
-    notify_webserver(p)
+    notify_webserver(settings)
     console.print(
         f"archived {eid}: out of the loaded definitions; `get`, `export` and SQL still read it"
         f" (`hangar experiment unarchive {eid}` brings it back)"
@@ -445,7 +451,8 @@ def unarchive_cmd(
     from hangar_dagster.experiment.catalog import remove_archived
     from hangar_dagster.results.records import NoteRecord
 
-    p = paths()
+    settings = Settings.from_env()
+    p = settings.paths
     eid = find_experiment(p, name_or_id).experiment_id
     if not remove_archived(p, eid):
         console.print(f"{eid} is not archived")
@@ -453,7 +460,7 @@ def unarchive_cmd(
     store_of(p).put(
         NoteRecord(experiment_id=eid, kind="archive", message=f"unarchived by {getpass.getuser()}")
     )
-    notify_webserver(p)
+    notify_webserver(settings)
     console.print(f"unarchived {eid}: back in the loaded definitions")
 
 

@@ -11,7 +11,7 @@ import typer
 
 from hangar_dagster.cli.common import console, err
 from hangar_dagster.experiment.spec import SpecError
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 
 
 def grade_cmd(
@@ -31,7 +31,7 @@ def grade_cmd(
         raise typer.Exit(2)
     try:
         text = "" if patch is None else read_patch_file(patch)
-        result = grade_by_hand(spec, task, text, paths())
+        result = grade_by_hand(spec, task, text, Settings.from_env())
     except (SpecError, PatchFileError) as e:
         err.print(f"[red]refused:[/] {e}")
         raise typer.Exit(2) from None

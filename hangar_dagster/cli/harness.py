@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,8 +28,9 @@ from hangar_dagster.experiment.harness import (
     thaw,
 )
 from hangar_dagster.experiment.model_policy import ModelCatalog, ModelListError, is_policy
+from hangar_dagster.settings import HARNESS_REPO_VAR, Settings
 
-REGISTRY_VAR = "HANGAR_HARNESS_REPO"
+REGISTRY_VAR = HARNESS_REPO_VAR
 
 app = typer.Typer(
     no_args_is_help=True, help="Harness locks: freeze a configuration, thaw one, show one."
@@ -46,7 +46,7 @@ RegistryOption = Annotated[
 def _registry(option: Path | None) -> Path:
     if option is not None:
         return option.resolve()
-    env = os.environ.get(REGISTRY_VAR)
+    env = Settings.from_env().harness_repo
     if env:
         return Path(env).resolve()
     err.print(f"[red]refused:[/] no harness registry: pass --registry DIR or set {REGISTRY_VAR}")
@@ -85,7 +85,7 @@ def describe(lock: HarnessLock, registry: Path) -> dict[str, Any]:
         "digest": f"sha256:{lock.digest}",
         "path": str(lock.path),
         "agent": lock.config["agent"],
-        "model": _model(lock, ModelCatalog.from_env()),
+        "model": _model(lock, ModelCatalog.of(Settings.from_env())),
         "approvals": lock.config.get("approvals"),
         "instructions": None
         if instructions is None

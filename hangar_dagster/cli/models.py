@@ -23,7 +23,7 @@ from hangar_dagster.experiment.model_policy import (
     cache_dir,
     refresh,
 )
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 
 app = typer.Typer(
     no_args_is_help=True, help="Provider model lists and the balanced / frontier policies."
@@ -41,9 +41,10 @@ def refresh_cmd(
 ) -> None:
     """Fetch each provider's current model list into the cache."""
     failed = 0
+    settings = Settings.from_env()
     for provider in providers or REFRESHABLE:
         try:
-            listed = refresh(provider, cache_dir(paths()))
+            listed = refresh(provider, cache_dir(settings.paths), settings)
         except ModelListError as e:
             err.print(f"[red]{escape(provider)}:[/] {escape(str(e))}")
             failed += 1
@@ -58,7 +59,7 @@ def show_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
 ) -> None:
     """Which list each provider's policies read now, and the ids they resolve to."""
-    catalog = ModelCatalog.from_env()
+    catalog = ModelCatalog.of(Settings.from_env())
     out: dict[str, Any] = {}
     for provider in PROVIDERS:
         try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import urllib.error
 import urllib.request
@@ -28,12 +27,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hangar_dagster.results.records import utcnow
-from hangar_dagster.settings import HangarPaths, paths
+from hangar_dagster.settings import ALIASES_VAR, HangarPaths, Settings
 from hangar_dagster.util.fs import write_atomic
 
 Basis = Literal["list", "pattern"]
 POLICIES = ("balanced", "frontier")
-ALIASES_VAR = "HANGAR_MODEL_ALIASES"
 SHIPPED = Path(__file__).with_name("model_lists.json")
 
 # Provider aliases that move as new models ship, by the provider whose ids they stand for.
@@ -116,19 +114,17 @@ ADAPTER_PROVIDER = {
 }
 
 
-def declared_aliases() -> frozenset[str]:
-    """Aliases the orchestrator's environment declares: ``HANGAR_MODEL_ALIASES`` (comma or space separated)."""
-    raw = os.environ.get(ALIASES_VAR, "")
-    return frozenset(a.lower() for a in re.split(r"[\s,]+", raw) if a)
+def floating_reason(model: str, aliases: frozenset[str]) -> str | None:
+    """Why ``model`` is a floating alias, or None when it is a concrete, dated id.
 
-
-def floating_reason(model: str) -> str | None:
-    """Why ``model`` is a floating alias, or None when it is a concrete, dated id."""
+    ``aliases`` are the ones the orchestrator's environment declares (``Settings.model_aliases``,
+    ``HANGAR_MODEL_ALIASES``), lower case.
+    """
     name = model.strip()
     low = name.lower()
     if not name:
         return "the model is empty"
-    if low in declared_aliases():
+    if low in aliases:
         return f"{name!r} is an alias this environment declares in {ALIASES_VAR}"
     if low in FLOATING_ALIASES:
         return f"{name!r} is a provider alias that moves as new models ship"
@@ -170,8 +166,8 @@ def _release(model: str) -> str:
     return "".join(found.groups()) if found else ""
 
 
-def _newest(ids: frozenset[str], family: re.Pattern[str]) -> str | None:
-    dated = [m for m in ids if family.search(m) and floating_reason(m) is None]
+def _newest(ids: frozenset[str], family: re.Pattern[str], aliases: frozenset[str]) -> str | None:
+    dated = [m for m in ids if family.search(m) and floating_reason(m, aliases) is None]
     return max(dated, key=lambda m: (_release(m), m), default=None)
 
 
@@ -218,12 +214,13 @@ class ModelCatalog:
     """Provider lists read once, and every choice made once: one catalog per experiment."""
 
     cache: Path | None
+    aliases: frozenset[str]  # Settings.model_aliases: floating names this environment declares
     _lists: dict[str, ModelList | None] = field(default_factory=dict)
     _chosen: dict[tuple[str, str | None], ModelChoice] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls) -> ModelCatalog:
-        return cls(cache_dir(paths()))
+    def of(cls, settings: Settings) -> ModelCatalog:
+        return cls(cache_dir(settings.paths), settings.model_aliases)
 
     def list_for(self, provider: str) -> ModelList | None:
         if provider not in self._lists:
@@ -260,10 +257,11 @@ class ModelCatalog:
         """The concrete id ``policy`` means at ``provider`` now, its basis and a note for pattern."""
         family = PROVIDERS[provider].families[policy]
         listed = self.list_for(provider)
-        if listed is not None and (hit := _newest(listed.ids, family)):
+        if listed is not None and (hit := _newest(listed.ids, family, self.aliases)):
             return hit, "list", None
         # A refreshed list without the family: the shipped snapshot names one, vouched only by its date.
-        fallback = _newest(frozenset(_shipped()["providers"].get(provider, [])), family)
+        shipped = frozenset(_shipped()["providers"].get(provider, []))
+        fallback = _newest(shipped, family, self.aliases)
         if fallback is None:
             raise ModelListError(
                 f"policy {policy} ({provider}): no model list holds a model of its family "
@@ -295,7 +293,7 @@ class ModelCatalog:
                 )
             model, basis, note = self.policy_id(provider, name)
             return ModelChoice(requested, model, basis, note)
-        if why := floating_reason(requested):
+        if why := floating_reason(requested, self.aliases):
             return ModelChoice(requested, requested, None, why)
         provider = provider_of(requested)
         listed = self.list_for(provider) if provider else None
@@ -323,7 +321,7 @@ class ModelCatalog:
 
     def refusal(self, model: str, adapter: str | None = None) -> ModelRefusal | None:
         """Why an experiment may not run ``model``, naming what the policies resolve to now."""
-        why = floating_reason(model)
+        why = floating_reason(model, self.aliases)
         if why is None or is_policy(model):
             return None
         provider = provider_of(model) or ADAPTER_PROVIDER.get(adapter or "")
@@ -369,15 +367,15 @@ def _fetch_ids(api: ProviderApi, base: str, key: str, timeout_s: float) -> list[
     return ids
 
 
-def refresh(provider: str, cache: Path, timeout_s: float = 30) -> ModelList:
+def refresh(provider: str, cache: Path, settings: Settings, timeout_s: float = 30) -> ModelList:
     """Fetch ``provider``'s model list from its API into the cache (the key goes only there)."""
     spec = PROVIDERS.get(provider)
     if spec is None or spec.api is None:
         known = ", ".join(p for p, s in PROVIDERS.items() if s.api)
         raise ModelListError(f"cannot refresh {provider!r}: hangar reads model lists from {known}")
     api = spec.api
-    base = os.environ.get(api.base_url_var) or api.default_base_url
-    key = os.environ.get(api.key_var)
+    base = settings.provider_base_url(provider) or api.default_base_url
+    key = settings.provider_key(provider)
     if not key:
         raise ModelListError(f"set {api.key_var} to list {provider}'s models from {base}")
     ids = sorted(set(_fetch_ids(api, base, key, timeout_s)))

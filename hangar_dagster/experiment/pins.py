@@ -34,6 +34,7 @@ def pin_content(
     task_bases: dict[str, str],
     grader_digest: str,
     egress: str,
+    aliases: frozenset[str],  # Settings.model_aliases: whether the model counts as concrete
     model_concrete_basis: str | None = None,
     harness_fingerprint: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,
@@ -43,7 +44,7 @@ def pin_content(
         "harness_digest": harness_digest,
         "environment_digest": environment_digest,
         "model": model,
-        "model_concrete": floating_reason(model) is None,
+        "model_concrete": floating_reason(model, aliases) is None,
         "model_concrete_basis": model_concrete_basis,
         "task_bases": dict(sorted(task_bases.items())),
         "grader_digest": grader_digest,
@@ -61,6 +62,7 @@ def lock_pin_content(
     model_concrete_basis: str | None,
     task_bases: dict[str, str],
     grader_digest: str,
+    aliases: frozenset[str],
 ) -> dict[str, Any]:
     """A variant's pins from its verified lock and environment (submit and the pin_sets asset)."""
     return pin_content(
@@ -71,6 +73,7 @@ def lock_pin_content(
         task_bases=task_bases,
         grader_digest=grader_digest,
         egress=environment.egress.mode,
+        aliases=aliases,
         model_concrete_basis=model_concrete_basis,
         harness_fingerprint=harness_fingerprint(lock, model),
         environment=environment_pins(environment),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hangar_dagster.experiment.harness import load_lock
-from hangar_dagster.experiment.model_policy import ModelCatalog, cache_dir
+from hangar_dagster.experiment.model_policy import ModelCatalog
 from hangar_dagster.experiment.pins import lock_pin_content, pin_set_record
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.spec import Problem
@@ -24,19 +24,19 @@ from hangar_dagster.results.records import (
     PinSetRecord,
 )
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import Settings
 
 
 class StageRefused(RuntimeError):
     """The experiment may not go on; the message says why and what to do."""
 
 
-def check_spec(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> ExperimentRecord:
+def check_spec(exp: ResolvedExperiment, store: Store, settings: Settings) -> ExperimentRecord:
     """The stored experiment, once its variants' models are allowed again now."""
     record = store.experiment(exp.experiment_id)
     if record is None:
         raise StageRefused(f"experiment {exp.experiment_id} was never submitted")
-    catalog = ModelCatalog(cache_dir(paths))
+    catalog = ModelCatalog.of(settings)  # an alias declared since submit counts now
     refused = [
         str(Problem(path=f"variants.{v.name}.harness_lock", message=r.message, fix=r.fix))
         for v in exp.variants.values()
@@ -57,7 +57,12 @@ class PinnedVariant:
 
 
 def pin_variants(
-    exp: ResolvedExperiment, store: Store, run_id: str, variants: Iterable[str]
+    exp: ResolvedExperiment,
+    store: Store,
+    run_id: str,
+    variants: Iterable[str],
+    *,
+    aliases: frozenset[str],
 ) -> list[PinnedVariant]:
     """Store the pin set of each variant in ``variants``, recomputed from its lock now."""
     out = []
@@ -73,6 +78,7 @@ def pin_variants(
                 model_concrete_basis=variant.model_concrete_basis,
                 task_bases={t: exp.tasks[t].base_sha for t in variant.tasks},
                 grader_digest=exp.grader_digest,
+                aliases=aliases,
             )
         )
         if record.pin_set != variant.pin_set:

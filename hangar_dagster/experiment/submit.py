@@ -39,7 +39,7 @@ from hangar_dagster.grading.grader import grader_digest
 from hangar_dagster.queue.budget import projection_note, submit_problems
 from hangar_dagster.results.records import ExperimentRecord, NoteRecord, utcnow
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import new_canary
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.util.digests import sha256_json
@@ -109,11 +109,10 @@ def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Probl
     return text
 
 
-def _harness_registry(spec: ExperimentSpec, spec_dir: Path) -> Path | None:
+def _harness_registry(spec: ExperimentSpec, spec_dir: Path, settings: Settings) -> Path | None:
     if spec.harness_repo:
         return (spec_dir / spec.harness_repo).resolve()
-    env = os.environ.get("HANGAR_HARNESS_REPO")
-    return Path(env).resolve() if env else None
+    return Path(settings.harness_repo).resolve() if settings.harness_repo else None
 
 
 def new_experiment_id(name: str) -> str:
@@ -123,6 +122,7 @@ def new_experiment_id(name: str) -> str:
 def resolve(
     spec: ExperimentSpec,
     spec_path: Path,
+    settings: Settings,
     *,
     require_concrete: bool = False,
     experiment_id: str | None = None,
@@ -138,12 +138,13 @@ def resolve(
         if overlays is None:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             overlays = OverlayTarget(build=scratch, final=scratch)
-        return _resolve(spec, spec_path, require_concrete, experiment_id, overlays)
+        return _resolve(spec, spec_path, settings, require_concrete, experiment_id, overlays)
 
 
 def _resolve(
     spec: ExperimentSpec,
     spec_path: Path,
+    settings: Settings,
     require_concrete: bool,
     experiment_id: str | None,
     overlays: OverlayTarget,
@@ -186,8 +187,8 @@ def _resolve(
         )
 
     g_digest = grader_digest(spec.grader, {t.id: t.hidden_files for t in tasks.values()})
-    registry = _harness_registry(spec, spec_dir)
-    catalog = ModelCatalog.from_env()  # one per experiment: every policy resolves once
+    registry = _harness_registry(spec, spec_dir, settings)
+    catalog = ModelCatalog.of(settings)  # one per experiment: every policy resolves once
     cli_pins: CliPins | None = None
     if registry is not None:
         try:
@@ -268,6 +269,7 @@ def _resolve(
             model_concrete_basis=model.basis,
             task_bases={t: tasks[t].base_sha for t in run_tasks},
             grader_digest=g_digest,
+            aliases=settings.model_aliases,
         )
         variants[name] = ResolvedVariant(
             name=name,
@@ -310,8 +312,9 @@ def masked_spec_json(exp: ResolvedExperiment) -> str:
     return str(redact(exp.spec.model_dump_json(exclude_none=True), exp.canary))
 
 
-def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
+def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
+    paths = settings.paths
     spec = load_spec(spec_path)
     experiment_id = new_experiment_id(spec.name)
     store = Store(paths)
@@ -323,12 +326,15 @@ def submit(spec_path: Path, paths: HangarPaths) -> ResolvedExperiment:
         exp = resolve(
             spec,
             spec_path,
+            settings,
             require_concrete=True,
             experiment_id=experiment_id,
             overlays=OverlayTarget(build=built, final=final / OVERLAYS),
         )
         n_trials = len(exp.trial_keys())
-        if problems := submit_problems(store, exp.spec, exp.author, n_trials, exp.submitted_at):
+        if problems := submit_problems(
+            store, exp.spec, exp.author, n_trials, exp.submitted_at, settings
+        ):
             raise SpecError(str(spec_path), problems)
         paths.experiments.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))

@@ -12,7 +12,7 @@ from typing import Any
 from hangar_dagster.experiment.spec import load_spec
 from hangar_dagster.grading.grader import grade_trust, grader_runner, run_grader
 from hangar_dagster.grading.signals import tamper_signals, touched_tests
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.canary import mask
 from hangar_dagster.util.gitrepo import changed_files
 
@@ -42,11 +42,12 @@ def read_patch_file(path: Path) -> str:
     return text
 
 
-def grade_by_hand(spec_path: Path, task_id: str, patch: str, paths: HangarPaths) -> dict[str, Any]:
+def grade_by_hand(spec_path: Path, task_id: str, patch: str, settings: Settings) -> dict[str, Any]:
     """Grade ``patch`` ("" for the base) on ``task_id`` of the spec; a JSON-able grade summary."""
     from hangar_dagster.experiment.submit import resolve
 
-    experiment = resolve(load_spec(spec_path), spec_path)
+    paths = settings.paths
+    experiment = resolve(load_spec(spec_path), spec_path, settings)
     if task_id not in experiment.tasks:
         known = ", ".join(sorted(experiment.tasks))
         raise KeyError(f"--task {task_id!r}: not a task of {spec_path} (tasks: {known})")

@@ -24,6 +24,10 @@ from the hidden tests directory, with an environment built from scratch:
 
 The ``args`` come from the experiment's grader command (the spec's author),
 never from the code under test.
+
+It runs inside the grader's sandbox and reads the ``HANGAR_`` variables the sandbox was
+given (the grader's contract, not operator settings), so it reads its environment itself
+(allowed in tests/test_settings_source.py).
 """
 
 from __future__ import annotations

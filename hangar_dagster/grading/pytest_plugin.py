@@ -10,6 +10,10 @@ those are registered here instead, by path, as plugins: their fixtures and
 hooks work (for every hidden test, whatever directory they sit in), options
 they would add do not (the command line is parsed by then), and nothing of
 the repo is loaded with them.
+
+It runs inside the grader's sandbox and reads the ``HANGAR_`` variables the sandbox was
+given (the grader's contract, not operator settings), so it reads its environment itself
+(the one exception to ``settings.Settings``, allowed in tests/test_settings_source.py).
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ calls. No module attribute leads to it, and replacing ``os.write``, a builtin
 or a name of this module changes nothing it does (and the last two are fatal
 tamper). Code under test still shares this process: it can rewrite closure
 cells or forge both pipes (docs/grading.md, "Not done yet").
+
+It runs inside the grader's sandbox and reads the ``HANGAR_`` variables the sandbox was
+given (the grader's contract, not operator settings), so it reads its environment itself
+(allowed in tests/test_settings_source.py).
 """
 
 from __future__ import annotations

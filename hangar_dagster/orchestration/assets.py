@@ -32,8 +32,6 @@ from hangar_dagster.orchestration import metadata as md
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import partition_key_of, partitions, trial_key_of
 from hangar_dagster.queue.restarts import StartedMarker
-from hangar_dagster.queue.starts import tpm_budget
-from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.summary import summarize
 from hangar_dagster.trials.stage import run_trials
 
@@ -71,7 +69,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         owners=owners,
     )
     def spec(context: dg.AssetExecutionContext, hangar: HangarResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-        record = _refusal_as_failure(lambda: check_spec(exp, hangar.store(), hangar.paths))
+        record = _refusal_as_failure(lambda: check_spec(exp, hangar.store(), hangar.settings()))
         return dg.MaterializeResult(metadata=md.spec_metadata(exp, record))
 
     @dg.asset(
@@ -88,7 +86,13 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     )
     def pin_sets(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         pinned = _refusal_as_failure(
-            lambda: pin_variants(exp, hangar.store(), context.run.run_id, context.partition_keys)
+            lambda: pin_variants(
+                exp,
+                hangar.store(),
+                context.run.run_id,
+                context.partition_keys,
+                aliases=hangar.settings().model_aliases,
+            )
         )
         _report(context, ((p.variant, md.pin_set_metadata(p)) for p in pinned))
 
@@ -149,11 +153,9 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         ran = run_trials(
             exp,
             hangar.store(),
-            hangar.paths,
+            hangar.settings(),  # once per run: every trial of it runs under the same settings
             context.run.run_id,
             _trial_keys(context),
-            window=window_from_env(),
-            tpm_budget=tpm_budget(),
             in_flight=in_flight,
             log=context.log,
         )
@@ -200,7 +202,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         owners=owners,
     )
     def index(context: dg.AssetExecutionContext, hangar: HangarResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-        summary = summarize(exp, hangar.store(), window_from_env(), dt.datetime.now(dt.UTC))
+        summary = summarize(exp, hangar.store(), hangar.settings(), dt.datetime.now(dt.UTC))
         return dg.MaterializeResult(metadata=md.index_metadata(summary, exp.canary))
 
     def _trial_keys(context: dg.AssetExecutionContext) -> list[TrialKey]:

@@ -4,6 +4,10 @@ Definitions are a factory over stored experiments: every resolved spec under
 ``HANGAR_HOME/experiments/`` becomes one asset group with its stage jobs.
 Project-wide rules (the resource, the driver sensor, the eval-window drain and
 each experiment's window-opening schedule) are applied here, in one place.
+
+Importing this module builds nothing: ``defs`` is a ``@dg.definitions`` function that
+Dagster calls when it loads the code location, and it only reads (the settings, the stored
+experiments). Preparing the Dagster home is the CLI's job (orchestration/instance.py).
 """
 
 from __future__ import annotations
@@ -17,17 +21,15 @@ from hangar_dagster.orchestration.jobs import build_experiment_jobs
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.schedules import build_drain_schedule, build_open_schedule
 from hangar_dagster.orchestration.sensors import build_experiment_driver, drain_all
-from hangar_dagster.queue.window import window_from_env
-from hangar_dagster.settings import ensure_dagster_home, paths
+from hangar_dagster.settings import Settings
 
 
-def build_definitions() -> dg.Definitions:
-    ensure_dagster_home()
-    p = paths()
+def build_definitions(settings: Settings) -> dg.Definitions:
+    p = settings.paths
     assets: list[dg.AssetsDefinition] = []
     checks: list[dg.AssetChecksDefinition] = []
     jobs: list[dg.UnresolvedAssetJobDefinition] = []
-    window = window_from_env()
+    window = settings.window
     schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
     for exp in active_experiments(p):  # archived experiments stay out (catalog.py)
         group = build_experiment_assets(exp)
@@ -35,15 +37,18 @@ def build_definitions() -> dg.Definitions:
         checks += build_experiment_checks(exp, group)
         experiment_jobs = build_experiment_jobs(exp, group)
         jobs += experiment_jobs
-        schedules += build_open_schedule(exp, experiment_jobs, str(p.home), window)
+        schedules += build_open_schedule(exp, experiment_jobs, window)
     return dg.Definitions(
         assets=assets,
         asset_checks=checks,
         jobs=jobs,
-        sensors=[build_experiment_driver(jobs, str(p.home), window)] if jobs else [],
+        sensors=[build_experiment_driver(jobs)] if jobs else [],
         schedules=schedules,
-        resources={"hangar": HangarResource(home=str(p.home))},
+        resources={"hangar": HangarResource.from_settings(settings)},
     )
 
 
-defs = build_definitions()
+@dg.definitions
+def defs() -> dg.Definitions:
+    """What the code location loads: the definitions of this process's settings, read now."""
+    return build_definitions(Settings.from_env())

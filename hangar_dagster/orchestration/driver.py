@@ -12,22 +12,42 @@ daemon instead (no ``--wait``).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable
 
 import dagster as dg
-from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
 from hangar_dagster.queue.starts import base_checks_stored, blocker, invalid_tasks, pending
-from hangar_dagster.queue.window import window_from_env
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import ensure_dagster_home
+from hangar_dagster.settings import Settings
 
-DEFINITIONS_MODULE = "hangar_dagster.orchestration.definitions"
 # The CLI shows trial progress at INFO; step-level DEBUG events stay in the UI's run log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+@functools.lru_cache(maxsize=1)
+def _definitions(settings: Settings, experiments: tuple[str, ...]) -> dg.Definitions:
+    from hangar_dagster.orchestration.definitions import build_definitions
+
+    return build_definitions(settings)
+
+
+def stage_job(job: str) -> dg.JobDefinition:
+    """The stage job named ``job`` of the definitions this process's settings load.
+
+    ``run_stages`` executes jobs reconstructable from here (``dg.build_reconstructable_job``,
+    the public way to rebuild a job made by a factory): the run's process, this one with the
+    in-process executor, builds the definitions as the code location does; again only when
+    an experiment was stored since, so the stages of one ``--wait`` build them once.
+    """
+    settings = Settings.from_env()
+    stored = tuple(e.experiment_id for e in active_experiments(settings.paths))
+    return _definitions(settings, stored).resolve_job_def(job)
 
 
 class StageFailed(RuntimeError):
@@ -43,15 +63,15 @@ def run_stages(
     exp: ResolvedExperiment,
     instance: dg.DagsterInstance,
     store: Store,
+    settings: Settings,
     say: Callable[[str], None] = print,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[str]:
     """Execute the experiment's stage jobs in this process until the queue has nothing it may run."""
-    repo = ReconstructableRepository.for_module(DEFINITIONS_MODULE, "defs")
     run_ids: list[str] = []
 
     def execute(stage: str) -> None:
-        job = repo.get_reconstructable_job(job_name(exp, stage))
+        job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
         result = dg.execute_job(
             job, instance, run_config=QUIET, tags=stage_tags(exp, stage), raise_on_error=False
         )
@@ -66,9 +86,9 @@ def run_stages(
 
     for stage in SETUP_STAGES:
         execute(stage)
-    window = window_from_env()
-    while work := pending(exp, store):
-        why = blocker(exp, store, window, dt.datetime.now(dt.UTC))
+    window = settings.window
+    while work := pending(exp, store, settings):
+        why = blocker(exp, store, settings, dt.datetime.now(dt.UTC))
         if why and why.startswith("eval_window"):
             say(f"waiting ({len(work.keys)} trials): {why}")
             sleep(
@@ -90,29 +110,31 @@ def run_stages(
         execute("trials")
         if len(store.trials(exp.experiment_id, all_attempts=True)) == before:
             break  # nothing could start (e.g. the window closed as the run began): don't spin
-    for note in pending(exp, store).notes:
+    for note in pending(exp, store, settings).notes:
         say(note)
     execute("index")
     return run_ids
 
 
-def run_in_flight(exp: ResolvedExperiment) -> str | None:
+def run_in_flight(exp: ResolvedExperiment, settings: Settings) -> str | None:
     """What run of ``exp`` is in flight on the CLI's instance (described), or None."""
     from hangar_dagster.orchestration.sensors import describe_run, in_flight, stage_runs
 
-    ensure_dagster_home()
+    ensure_dagster_home(settings)
     with dg.DagsterInstance.get() as instance:
         busy = in_flight(stage_runs(instance, exp))
     return None if busy is None else describe_run(busy)
 
 
-def drive(exp: ResolvedExperiment, store: Store, say: Callable[[str], None] = print) -> list[str]:
+def drive(
+    exp: ResolvedExperiment, store: Store, settings: Settings, say: Callable[[str], None] = print
+) -> list[str]:
     """``run_stages`` on the CLI's instance (``hangar experiment run --wait`` and ``resume``)."""
     import warnings
 
     # Beta/preview notices about APIs we pin deliberately are noise to a CLI user.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    ensure_dagster_home()
+    ensure_dagster_home(settings)
     with dg.DagsterInstance.get() as instance:
-        return run_stages(exp, instance, store, say=say)
+        return run_stages(exp, instance, store, settings, say=say)

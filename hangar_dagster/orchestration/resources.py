@@ -1,4 +1,4 @@
-"""Dagster resources: the one handle assets get on hangar's state."""
+"""Dagster resources: the one handle assets, sensors and schedules get on hangar's state and settings."""
 
 from __future__ import annotations
 
@@ -7,13 +7,74 @@ from pathlib import Path
 import dagster as dg
 
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import ANTHROPIC_KEY_VAR, OPENAI_KEY_VAR, HangarPaths, Settings
 
 
 class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """Where hangar keeps its state (``HANGAR_HOME``); assets read and write through it."""
+    """Where hangar keeps its state (``HANGAR_HOME``) and the operator's settings, as config.
+
+    Built from ``Settings`` when the definitions load, so the UI's resource page shows the
+    values a run uses; each run or tick builds its ``Settings`` once from them
+    (``settings()``). The provider keys are ``dg.EnvVar`` references, resolved in the run's
+    process and never shown; one unset where the definitions load stays unset (None).
+    """
 
     home: str
+    dagster_home: str = ""  # empty: $HANGAR_HOME/dagster
+    eval_window: str = ""
+    eval_tz: str = ""
+    eval_tpm_budget: str = ""
+    trial_infra_retries: str = ""
+    outage_breaker_streak: str = ""
+    eval_budget_usd_month: str = ""
+    eval_author_cap_usd_month: str = ""
+    model_aliases: str = ""  # lower case, space separated
+    anthropic_base_url: str | None = None
+    openai_base_url: str | None = None
+    anthropic_api_key: str | None = None  # an EnvVar (from_settings), never a plain value
+    openai_api_key: str | None = None
+    agent_bin_dir: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HangarResource:
+        return cls(
+            home=str(settings.home),
+            dagster_home=str(settings.dagster_home),
+            eval_window=settings.eval_window,
+            eval_tz=settings.eval_tz,
+            eval_tpm_budget=settings.eval_tpm_budget,
+            trial_infra_retries=settings.trial_infra_retries,
+            outage_breaker_streak=settings.outage_breaker_streak,
+            eval_budget_usd_month=settings.eval_budget_usd_month,
+            eval_author_cap_usd_month=settings.eval_author_cap_usd_month,
+            model_aliases=" ".join(sorted(settings.model_aliases)),
+            anthropic_base_url=settings.anthropic_base_url,
+            openai_base_url=settings.openai_base_url,
+            anthropic_api_key=dg.EnvVar(ANTHROPIC_KEY_VAR) if settings.anthropic_api_key else None,
+            openai_api_key=dg.EnvVar(OPENAI_KEY_VAR) if settings.openai_api_key else None,
+            agent_bin_dir=settings.agent_bin_dir,
+        )
+
+    def settings(self) -> Settings:
+        """The settings of this run or tick: call once and pass the object down."""
+        home = Path(self.home)
+        return Settings(
+            home=home,
+            dagster_home=Path(self.dagster_home) if self.dagster_home else home / "dagster",
+            eval_window=self.eval_window,
+            eval_tz=self.eval_tz,
+            eval_tpm_budget=self.eval_tpm_budget,
+            trial_infra_retries=self.trial_infra_retries,
+            outage_breaker_streak=self.outage_breaker_streak,
+            eval_budget_usd_month=self.eval_budget_usd_month,
+            eval_author_cap_usd_month=self.eval_author_cap_usd_month,
+            model_aliases=frozenset(self.model_aliases.split()),
+            anthropic_base_url=self.anthropic_base_url,
+            openai_base_url=self.openai_base_url,
+            anthropic_api_key=self.anthropic_api_key,
+            openai_api_key=self.openai_api_key,
+            agent_bin_dir=self.agent_bin_dir,
+        )
 
     @property
     def paths(self) -> HangarPaths:

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from pathlib import Path
 
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.sensors import daemon_driven, in_flight, setup_gap, stage_runs
 from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, stage_tags
 from hangar_dagster.queue.starts import OPEN_GRACE, blocker, open_schedule_name, pending
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import Settings
 
 DRAIN_NAME = "eval_window_drain"
 # A tick evaluated later than this leaves the start to the driver sensor (its grace is twice this).
@@ -54,14 +54,14 @@ def _cron(at: dt.time) -> str:
 
 def open_decision(
     instance: dg.DagsterInstance,
-    paths: HangarPaths,
+    settings: Settings,
     exp: ResolvedExperiment,
-    window: EvalWindow,
     tick: dt.datetime,
     now: dt.datetime,
 ) -> dg.RunRequest | dg.SkipReason:
     """What the opening schedule's tick at ``tick`` (evaluated at ``now``) does for ``exp``."""
     eid = exp.experiment_id
+    paths, window = settings.paths, settings.window
     if now - tick > LATE_TICK:
         return dg.SkipReason(
             f"{eid}: the tick of {tick.astimezone(window.tz):%Y-%m-%d %H:%M %Z} is evaluated "
@@ -88,10 +88,10 @@ def open_decision(
             f"{eid}: setup stage {stage} {state}; trials start once the setup stages succeed"
         )
     store = Store(paths)
-    work = pending(exp, store)
+    work = pending(exp, store, settings)
     if not work:
         return dg.SkipReason(f"{eid}: no trial is pending")
-    why = blocker(exp, store, window, now)
+    why = blocker(exp, store, settings, now)
     if why is not None:
         return dg.SkipReason(f"{eid}: {why}")
     opened = (window.opens_at(now) or now).astimezone(window.tz)
@@ -104,16 +104,17 @@ def open_decision(
 def build_open_schedule(
     exp: ResolvedExperiment,
     jobs: list[dg.UnresolvedAssetJobDefinition],
-    home: str,
     window: EvalWindow,
     clock: Clock = _utcnow,
 ) -> list[dg.ScheduleDefinition]:
     """``<experiment_id>__eval_window_open`` on ``exp``'s trials job (in ``jobs``), running by
-    default; none when the window is always open. ``clock`` is when a tick is evaluated."""
+    default; none when the window is always open. ``clock`` is when a tick is evaluated.
+
+    ``window`` (the definitions' settings) sets the cron; a tick decides with the settings of
+    the ``hangar`` resource, read once per tick (the same values: both come from one load)."""
     if window.start is None:
         return []
     [trials_job] = [j for j in jobs if j.name == job_name(exp, "trials")]
-    paths = HangarPaths(Path(home))
 
     @dg.schedule(
         cron_schedule=_cron(window.start),
@@ -124,9 +125,11 @@ def build_open_schedule(
         description=f"Starts the waiting trials of {exp.name} when the eval window "
         f"({window.describe()}) opens.",
     )
-    def eval_window_open(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    def eval_window_open(
+        context: dg.ScheduleEvaluationContext, hangar: HangarResource
+    ) -> dg.RunRequest | dg.SkipReason:
         tick = context.scheduled_execution_time
-        return open_decision(context.instance, paths, exp, window, tick, clock())
+        return open_decision(context.instance, hangar.settings(), exp, tick, clock())
 
     return [eval_window_open]
 

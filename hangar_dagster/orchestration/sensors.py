@@ -16,12 +16,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import dagster as dg
 
 from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
     SETUP_STAGES,
     TAG_EXPERIMENT,
@@ -31,9 +31,8 @@ from hangar_dagster.orchestration.stages import (
 )
 from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.starts import base_checks_stored, blocker, pending, schedule_grace
-from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 
 DAEMON_MARKER = "drive-by-daemon"  # written by `hangar experiment run` without --wait
 IN_FLIGHT = frozenset(
@@ -122,11 +121,11 @@ def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
     )
 
 
-def decide(
-    instance: dg.DagsterInstance, paths: HangarPaths, window: EvalWindow, now: dt.datetime
-) -> Decisions:
-    """For each daemon-driven experiment, the next run it needs, or why it waits."""
+def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -> Decisions:
+    """For each daemon-driven experiment, the next run it needs under ``settings``, or why it waits."""
     out = Decisions()
+    paths = settings.paths
+    window = settings.window
     store = Store(paths)
     for exp in active_experiments(paths):
         if not daemon_driven(paths, exp):
@@ -147,8 +146,8 @@ def decide(
             # else it failed: a person looks before anything else starts
             continue
         trials_runs = runs.get("trials", [])
-        if pending(exp, store):
-            why = blocker(exp, store, window, now)
+        if pending(exp, store, settings):
+            why = blocker(exp, store, settings, now)
             if why is None and not started_since(trials_runs, window.opens_at(now)):
                 why = schedule_grace(exp, window, now)
             if why is None:
@@ -178,18 +177,15 @@ def drain_all(instance: dg.DagsterInstance, paths: HangarPaths) -> list[str]:
     return drained
 
 
-def build_experiment_driver(
-    jobs: list[dg.UnresolvedAssetJobDefinition], home: str, window: EvalWindow
-) -> dg.SensorDefinition:
+def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:
     @dg.sensor(
         jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
     )
     def experiment_driver(
-        context: dg.SensorEvaluationContext,
+        context: dg.SensorEvaluationContext, hangar: HangarResource
     ) -> Iterator[dg.RunRequest | dg.SkipReason]:
-        decisions = decide(
-            context.instance, HangarPaths(Path(home)), window, dt.datetime.now(dt.UTC)
-        )
+        # The settings are read once per tick, from the resource the definitions were built with.
+        decisions = decide(context.instance, hangar.settings(), dt.datetime.now(dt.UTC))
         requested = False
         for request in decisions.requests:
             if (

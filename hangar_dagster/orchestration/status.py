@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
+from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.sensors import IN_FLIGHT, describe_run
 from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
-from hangar_dagster.settings import ensure_dagster_home
+from hangar_dagster.settings import Settings
 
 
 @dataclass
@@ -40,8 +41,8 @@ def read_run_status(instance: dg.DagsterInstance) -> RunStatus:
     return out
 
 
-def run_status() -> RunStatus:
+def run_status(settings: Settings) -> RunStatus:
     """``read_run_status`` on the CLI's instance."""
-    ensure_dagster_home()
+    ensure_dagster_home(settings)
     with dg.DagsterInstance.get() as instance:
         return read_run_status(instance)

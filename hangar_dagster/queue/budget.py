@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from hangar_dagster.experiment.spec import ExperimentSpec, Problem
 from hangar_dagster.results.store import Store
+from hangar_dagster.settings import AUTHOR_CAP_VAR, TEAM_CAP_VAR, Settings
 
-TEAM_CAP_VAR = "HANGAR_EVAL_BUDGET_USD_MONTH"
-AUTHOR_CAP_VAR = "HANGAR_EVAL_AUTHOR_CAP_USD_MONTH"
 DEFAULT_TEAM_CAP_USD = 1500.0
 DEFAULT_AUTHOR_CAP_USD = 400.0
 _MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
@@ -37,8 +35,8 @@ class BudgetConfigError(ValueError):
         super().__init__(f"{message} -> {fix}")
 
 
-def _cap(variable: str, default: float) -> float:
-    raw = os.environ.get(variable, "").strip()
+def _cap(variable: str, raw: str, default: float) -> float:
+    raw = raw.strip()
     if not raw:
         return default
     fix = f"set {variable} to a whole or decimal number of US dollars (unset: {default:g})"
@@ -57,11 +55,12 @@ class Caps:
     author_usd: float
 
 
-def caps() -> Caps:
-    """The monthly caps from the environment; raises BudgetConfigError naming a bad variable."""
+def parse_caps(team: str, author: str) -> Caps:
+    """The monthly caps as written in their variables (empty: the default); raises
+    BudgetConfigError naming a bad variable. ``Settings.caps`` is the caller."""
     return Caps(
-        team_usd=_cap(TEAM_CAP_VAR, DEFAULT_TEAM_CAP_USD),
-        author_usd=_cap(AUTHOR_CAP_VAR, DEFAULT_AUTHOR_CAP_USD),
+        team_usd=_cap(TEAM_CAP_VAR, team, DEFAULT_TEAM_CAP_USD),
+        author_usd=_cap(AUTHOR_CAP_VAR, author, DEFAULT_AUTHOR_CAP_USD),
     )
 
 
@@ -118,9 +117,8 @@ def _spent(value: Any) -> float:
     return round(float(value or 0.0), 6)
 
 
-def month_status(store: Store, author: str, at: dt.datetime) -> BudgetStatus:
-    """The team's and ``author``'s spend in the UTC month of ``at``, against their caps."""
-    limits = caps()
+def month_status(store: Store, author: str, at: dt.datetime, limits: Caps) -> BudgetStatus:
+    """The team's and ``author``'s spend in the UTC month of ``at``, against ``limits``."""
     month = month_of(at)
     rows = store.month_spend(month)
     return BudgetStatus(
@@ -165,7 +163,12 @@ def _basis(spec: ExperimentSpec, n_trials: int) -> tuple[str, str]:
 
 
 def submit_problems(
-    store: Store, spec: ExperimentSpec, author: str, n_trials: int, at: dt.datetime
+    store: Store,
+    spec: ExperimentSpec,
+    author: str,
+    n_trials: int,
+    at: dt.datetime,
+    settings: Settings,
 ) -> list[Problem]:
     """Why the budget refuses this experiment at ``at`` (empty: it may be submitted).
 
@@ -173,7 +176,7 @@ def submit_problems(
     month, or when either is already spent (not even an uncapped experiment could start).
     """
     try:
-        status = month_status(store, author, at)
+        status = month_status(store, author, at, settings.caps)
     except BudgetConfigError as e:
         return [Problem(path=e.variable, message=e.message, fix=e.fix)]
     projected = projected_cost(spec, n_trials)
@@ -213,9 +216,9 @@ def projection_note(spec: ExperimentSpec, n_trials: int) -> str | None:
     return UNCAPPED
 
 
-def start_blocker(store: Store, author: str, at: dt.datetime) -> str | None:
+def start_blocker(store: Store, author: str, at: dt.datetime, limits: Caps) -> str | None:
     """Why no new trial of ``author``'s may start at ``at`` (a budget is spent), else None."""
-    status = month_status(store, author, at)
+    status = month_status(store, author, at, limits)
     for spend in (status.team, status.author_budget):
         if spend.exhausted:
             return (
@@ -281,9 +284,8 @@ class MonthReport:
         }
 
 
-def month_report(store: Store, month: str) -> MonthReport:
+def month_report(store: Store, month: str, limits: Caps) -> MonthReport:
     """The month (``YYYY-MM``, UTC) per author and per experiment, with the team's totals."""
-    limits = caps()
     rows = store.month_spend(check_month(month))
     experiments = []
     for r in rows:

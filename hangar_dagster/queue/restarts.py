@@ -24,7 +24,7 @@ from pathlib import Path
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.results.records import TrialRecord, utcnow
 from hangar_dagster.results.store import DuplicateRecordError, Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.trial import RAW_PATCH, STARTED_MARKER, pinned_fields
 from hangar_dagster.util.fs import write_atomic
 
@@ -69,7 +69,11 @@ def started_markers(paths: HangarPaths, experiment_id: str) -> list[StartedMarke
 
 
 def _closed_record(
-    exp: ResolvedExperiment, marker: StartedMarker, art: Path, closed_by: str
+    exp: ResolvedExperiment,
+    marker: StartedMarker,
+    art: Path,
+    closed_by: str,
+    aliases: frozenset[str],
 ) -> TrialRecord:
     key = TrialKey.parse(marker.trial_key)
     variant = exp.variants[key.variant]
@@ -102,7 +106,7 @@ def _closed_record(
     write_atomic(art / "patch.diff", "")
     write_atomic(art / RAW_PATCH, "")  # the grades asset reads it for every counting attempt
     return TrialRecord(
-        **pinned_fields(exp, key, marker.attempt, marker.retry_of, marker.run_id),
+        **pinned_fields(exp, key, marker.attempt, marker.retry_of, marker.run_id, aliases),
         agent_is_standin=variant.adapter == "standin",
         started_at=started_at,
         finished_at=finished_at,
@@ -129,7 +133,7 @@ def _closed_record(
 def close_interrupted(
     exp: ResolvedExperiment,
     store: Store,
-    paths: HangarPaths,
+    settings: Settings,
     current_run: str,
     in_flight: Callable[[StartedMarker], bool],
 ) -> list[TrialRecord]:
@@ -139,6 +143,7 @@ def close_interrupted(
     by ``current_run``, and ``in_flight(marker)`` says its run is gone. Returns
     the records stored (a record another run stored first is skipped).
     """
+    paths = settings.paths
     stored = {(t.trial_key, t.attempt) for t in store.trials(exp.experiment_id, all_attempts=True)}
     closed = []
     for marker in started_markers(paths, exp.experiment_id):
@@ -147,7 +152,7 @@ def close_interrupted(
         if in_flight(marker):
             continue
         art = paths.trial_artifacts(exp.experiment_id, marker.trial_key, marker.attempt)
-        record = _closed_record(exp, marker, art, current_run)
+        record = _closed_record(exp, marker, art, current_run, settings.model_aliases)
         try:
             store.put(record)
         except DuplicateRecordError:

@@ -10,16 +10,14 @@ they agree).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from hangar_dagster.results.records import GradeRecord, TrialRecord
+from hangar_dagster.settings import BREAKER_VAR, RETRIES_VAR
 
-RETRIES_VAR = "HANGAR_TRIAL_INFRA_RETRIES"
-BREAKER_VAR = "HANGAR_OUTAGE_BREAKER_STREAK"
 DEFAULT_INFRA_RETRIES = 2
 DEFAULT_BREAKER_STREAK = 5
 
@@ -58,8 +56,9 @@ class RetryConfigError(ValueError):
     """A retry or breaker environment variable holds something that is not a valid count."""
 
 
-def _env_count(environ: Mapping[str, str], variable: str, default: int, minimum: int) -> int:
-    raw = environ.get(variable, "").strip()
+def parse_count(variable: str, raw: str, default: int, minimum: int) -> int:
+    """``raw`` (the value of ``variable``) as a count >= ``minimum``; empty: ``default``."""
+    raw = raw.strip()
     if not raw:
         return default
     fix = f"set {variable} to a whole number >= {minimum}, or unset it for {default}"
@@ -70,16 +69,6 @@ def _env_count(environ: Mapping[str, str], variable: str, default: int, minimum:
     if value < minimum:
         raise RetryConfigError(f"{variable}={raw!r} is below {minimum}: {fix}")
     return value
-
-
-def max_infra_retries(environ: Mapping[str, str] = os.environ) -> int:
-    """Retries one trial key may have after infra errors (``HANGAR_TRIAL_INFRA_RETRIES``, 2)."""
-    return _env_count(environ, RETRIES_VAR, DEFAULT_INFRA_RETRIES, 0)
-
-
-def outage_breaker_limit(environ: Mapping[str, str] = os.environ) -> int:
-    """Systemic failures in a row that trip the breaker (``HANGAR_OUTAGE_BREAKER_STREAK``, 5)."""
-    return _env_count(environ, BREAKER_VAR, DEFAULT_BREAKER_STREAK, 1)
 
 
 def experiment_retry_cap(planned_trials: int) -> int:
@@ -127,19 +116,16 @@ def _reason(t: TrialRecord) -> str:
     return t.infra_reason or "no reason recorded"
 
 
-def plan_retries(
-    attempts: Sequence[TrialRecord], planned_trials: int, environ: Mapping[str, str] = os.environ
-) -> RetryPlan:
+def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: int) -> RetryPlan:
     """The retries to start now, given every attempt of one experiment so far.
 
     Only each key's highest attempt is looked at: an infra_error there is retried
-    unless it drifted, the key has used its ``HANGAR_TRIAL_INFRA_RETRIES``
-    (power-down retries included), or the experiment's counted retries reached
+    unless it drifted, the key has used its ``per_key`` retries (``HANGAR_TRIAL_INFRA_RETRIES``
+    power-down retries included), or the experiment's counted retries reached
     ``experiment_retry_cap`` (power-down and restart retries are not counted). Earlier
     failures are retried first. Each note is a full sentence, the same on every
     call for the same attempts.
     """
-    per_key = max_infra_retries(environ)
     cap = experiment_retry_cap(planned_trials)
     keys = _by_key(attempts)
     # Retries already started: every attempt after the first, but those replacing a drained
@@ -206,18 +192,13 @@ def outage_streak(attempts: Sequence[TrialRecord]) -> tuple[int, list[str]]:
     return len(streak), [t.trial_key for t in streak]
 
 
-def breaker_note(
-    attempts: Sequence[TrialRecord],
-    limit: int | None = None,
-    environ: Mapping[str, str] = os.environ,
-) -> str | None:
+def breaker_note(attempts: Sequence[TrialRecord], limit: int) -> str | None:
     """A note naming the streak once ``limit`` systemic failures in a row end the attempts.
 
-    ``limit`` None reads ``HANGAR_OUTAGE_BREAKER_STREAK`` (5). None while the breaker holds.
+    ``limit`` is ``Settings.breaker_streak`` (``HANGAR_OUTAGE_BREAKER_STREAK``, 5). None while
+    the breaker holds.
     """
-    if limit is None:
-        limit = outage_breaker_limit(environ)
-    elif limit < 1:
+    if limit < 1:
         raise ValueError(f"breaker limit must be >= 1, got {limit}")
     streak = _streak(attempts)
     if len(streak) < limit:

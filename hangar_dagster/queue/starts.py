@@ -22,9 +22,8 @@ and the trials asset, so the three never disagree:
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
@@ -33,6 +32,7 @@ from hangar_dagster.queue.retries import Retry, breaker_note, plan_retries
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.records import NoteRecord
 from hangar_dagster.results.store import Store
+from hangar_dagster.settings import TPM_BUDGET_VAR, Settings
 
 QUEUE_TAG = "hangar/queue"
 EVAL_QUEUE = "eval"
@@ -76,10 +76,10 @@ def invalid_tasks(exp: ResolvedExperiment, store: Store) -> dict[str, str]:
     }
 
 
-def pending(exp: ResolvedExperiment, store: Store) -> Pending:
+def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pending:
     attempts = store.trials(exp.experiment_id, all_attempts=True)
     tried = {t.trial_key for t in attempts}
-    plan = plan_retries(attempts, planned_trials=len(exp.trial_keys()))
+    plan = plan_retries(attempts, len(exp.trial_keys()), settings.infra_retries)
     # A trial of an invalid task can't be scored: it never starts (nor is retried), so isn't paid for.
     invalid = invalid_tasks(exp, store)
     new = [k for k in exp.trial_keys() if k.key not in tried]
@@ -100,15 +100,17 @@ def pending(exp: ResolvedExperiment, store: Store) -> Pending:
     )
 
 
-def record_queue_notes(exp: ResolvedExperiment, store: Store) -> list[NoteRecord]:
+def record_queue_notes(
+    exp: ResolvedExperiment, store: Store, settings: Settings
+) -> list[NoteRecord]:
     """Store the retry rules' notes and the breaker's as ``queue`` notes; returns the new ones.
 
     Each distinct message is stored once per experiment, however often the
     trials runs plan: a note says what happened, not that it is still true.
     """
     attempts = store.trials(exp.experiment_id, all_attempts=True)
-    said = [*pending(exp, store).notes]
-    if outage := breaker_note(attempts):
+    said = [*pending(exp, store, settings).notes]
+    if outage := breaker_note(attempts, settings.breaker_streak):
         said.append(outage)
     known = {n.message for n in store.notes(exp.experiment_id) if n.kind == "queue"}
     new = [
@@ -122,16 +124,19 @@ def record_queue_notes(exp: ResolvedExperiment, store: Store) -> list[NoteRecord
 
 
 def blocker(
-    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+    exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
 ) -> str | None:
-    """Why no trial of ``exp`` may start at ``now``, or None."""
+    """Why no trial of ``exp`` may start at ``now`` under ``settings``, or None."""
+    window = settings.window
     if not window.is_open(now):
         opens = window.next_open(now).astimezone(window.tz)
         return f"eval_window: trials start inside {window.describe()}; next opens {opens:%Y-%m-%d %H:%M %Z}"
-    spent = budget.start_blocker(store, exp.author, now)
+    spent = budget.start_blocker(store, exp.author, now, settings.caps)
     if spent:
         return spent
-    outage = breaker_note(store.trials(exp.experiment_id, all_attempts=True))
+    outage = breaker_note(
+        store.trials(exp.experiment_id, all_attempts=True), settings.breaker_streak
+    )
     if outage:
         return f"outage: {outage}"
     return None
@@ -159,26 +164,25 @@ def schedule_grace(exp: ResolvedExperiment, window: EvalWindow, now: dt.datetime
 
 
 def waiting_reason(
-    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+    exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
 ) -> str | None:
     """Why ``exp``'s pending trials are not started at ``now``: ``blocker``, else the opening grace."""
-    return blocker(exp, store, window, now) or schedule_grace(exp, window, now)
+    return blocker(exp, store, settings, now) or schedule_grace(exp, settings.window, now)
 
 
-def tpm_budget(environ: Mapping[str, str] = os.environ) -> int | None:
-    raw = environ.get("HANGAR_EVAL_TPM_BUDGET", "").strip()
+def parse_tpm_budget(raw: str) -> int | None:
+    """``HANGAR_EVAL_TPM_BUDGET`` as written (``Settings.tpm_budget``); empty: no limit."""
+    raw = raw.strip()
     if not raw:
         return None
     try:
         value = int(raw)
     except ValueError:
         raise ValueError(
-            f"HANGAR_EVAL_TPM_BUDGET={raw!r}: write a whole number of tokens per minute"
+            f"{TPM_BUDGET_VAR}={raw!r}: write a whole number of tokens per minute"
         ) from None
     if value <= 0:
-        raise ValueError(
-            f"HANGAR_EVAL_TPM_BUDGET={raw!r}: must be positive (unset it for no limit)"
-        )
+        raise ValueError(f"{TPM_BUDGET_VAR}={raw!r}: must be positive (unset it for no limit)")
     return value
 
 

@@ -20,14 +20,12 @@ equals an instant in another zone (PEP 495), so local results mislead callers.
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import zoneinfo
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-WINDOW_VAR = "HANGAR_EVAL_WINDOW"
-TZ_VAR = "HANGAR_EVAL_TZ"
+from hangar_dagster.settings import TZ_VAR, WINDOW_VAR
+
 DEFAULT_WINDOW = "20:00-00:15"
 DEFAULT_TZ = "America/New_York"
 ALWAYS = "always"
@@ -179,11 +177,3 @@ def parse_window(text: str, tz: str = DEFAULT_TZ) -> EvalWindow:
             f"{WINDOW_VAR}={text!r}: start and end are equal; write always for a window that never closes"
         )
     return EvalWindow(start, end, zone)
-
-
-def window_from_env(environ: Mapping[str, str] = os.environ) -> EvalWindow:
-    """The configured window; an unset or empty variable takes its default."""
-    return parse_window(
-        environ.get(WINDOW_VAR, "").strip() or DEFAULT_WINDOW,
-        environ.get(TZ_VAR, "").strip() or DEFAULT_TZ,
-    )

@@ -9,8 +9,8 @@ from typing import Any
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.queue.starts import pending, waiting_reason
-from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store
+from hangar_dagster.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -27,16 +27,16 @@ class IndexSummary:
 
 
 def summarize(
-    exp: ResolvedExperiment, store: Store, window: EvalWindow, now: dt.datetime
+    exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
 ) -> IndexSummary:
     summary = store.summary(exp.experiment_id)
-    work = pending(exp, store)
+    work = pending(exp, store, settings)
     return IndexSummary(
         variants=summary,
         trial_keys=len(store.index(exp.experiment_id)),
         pending_trials=len(work.keys),
         # Why trials are still missing, if they are: the window, a spent budget, the breaker.
-        waiting_for=waiting_reason(exp, store, window, now) if work else None,
+        waiting_for=waiting_reason(exp, store, settings, now) if work else None,
         queue_notes=list(work.notes),
         graded=sum(int(s["graded"]) for s in summary),
         passed=sum(int(s["passed"]) for s in summary),

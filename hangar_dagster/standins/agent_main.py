@@ -13,6 +13,10 @@ It prints its trace as JSON lines on stdout and writes RESULT.md to ``/out``.
 Its first ``turn`` event carries the turn-1 fingerprint with every key of the
 adapter contract, computed from the lock files it read (so drift compares them
 all), and the stand-in's own ``STANDIN_VERSION`` as ``cli_version``.
+
+It runs inside the trial's sandbox and reads the ``HANGAR_`` variables the sandbox was
+given (the agent contract, not operator settings), so it reads its environment itself
+(allowed in tests/test_settings_source.py).
 """
 
 from __future__ import annotations

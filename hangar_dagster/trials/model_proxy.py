@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import shutil
 import signal
 import socket
@@ -46,6 +45,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from hangar_dagster.settings import (
+    ANTHROPIC_BASE_URL_VAR,
+    ANTHROPIC_KEY_VAR,
+    OPENAI_BASE_URL_VAR,
+    OPENAI_KEY_VAR,
+    Settings,
+)
 from hangar_dagster.trials.sandbox import Mount
 from hangar_dagster.util.background import ServerThread
 
@@ -55,10 +61,10 @@ if TYPE_CHECKING:
 Provider = Literal["anthropic", "openai"]
 
 UPSTREAM_VARS: dict[Provider, tuple[str, str]] = {
-    "anthropic": ("HANGAR_ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
-    "openai": ("HANGAR_OPENAI_BASE_URL", "https://api.openai.com"),
+    "anthropic": (ANTHROPIC_BASE_URL_VAR, "https://api.anthropic.com"),
+    "openai": (OPENAI_BASE_URL_VAR, "https://api.openai.com"),
 }
-KEY_VARS: dict[Provider, str] = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+KEY_VARS: dict[Provider, str] = {"anthropic": ANTHROPIC_KEY_VAR, "openai": OPENAI_KEY_VAR}
 PLACEHOLDER_KEY = "hangar-proxy"  # what the CLI sees as its key; the proxy replaces it
 SOCKET_MOUNT = "/hangar-model-api"
 SOCKET_NAME = "api.sock"
@@ -88,9 +94,10 @@ class ModelAccessError(ValueError):
     """The model API cannot be bridged as configured; the message names the variable to fix."""
 
 
-def upstream_url(provider: Provider, environ: dict[str, str] | None = None) -> str:
+def upstream_url(provider: Provider, settings: Settings) -> str:
+    """``settings``' base URL for ``provider`` (``HANGAR_<PROVIDER>_BASE_URL``), else its own."""
     var, default = UPSTREAM_VARS[provider]
-    url = (environ if environ is not None else dict(os.environ)).get(var) or default
+    url = settings.provider_base_url(provider) or default
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ModelAccessError(f"{var}={url!r}: expected an http(s) base URL such as {default}")
@@ -377,8 +384,8 @@ def _free_port() -> int:
 @contextmanager
 def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]:
     """Run the host proxy for ``provider`` while the block runs; yields what the sandbox needs."""
-    upstream = upstream_url(provider)
-    key = os.environ.get(KEY_VARS[provider])
+    upstream = upstream_url(provider, ctx.settings)
+    key = ctx.settings.provider_key(provider)
     # A unix socket path must stay under ~108 bytes: a short scratch dir, not the trial's.
     scratch = Path(tempfile.mkdtemp(prefix="hangar-mapi-"))
     socket_path = scratch / SOCKET_NAME

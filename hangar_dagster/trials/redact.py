@@ -84,7 +84,12 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
 
 
 def host_secrets(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """The orchestrator's provider keys and tokens that are set (``HOST_SECRET_VARS``)."""
+    """The orchestrator's provider keys and tokens that are set (``HOST_SECRET_VARS``).
+
+    A safety net, not a setting: it must catch every credential this process holds, those
+    hangar never uses (``GITHUB_TOKEN``, AWS) included, so it reads the live environment
+    rather than ``Settings``.
+    """
     return [
         environ[name] for name in HOST_SECRET_VARS if len(environ.get(name, "")) >= MIN_SECRET_CHARS
     ]

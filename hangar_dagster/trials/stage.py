@@ -22,10 +22,9 @@ from hangar_dagster.queue.drain import DrainWatcher, drain_marker
 from hangar_dagster.queue.partitions import NOT_PENDING, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
 from hangar_dagster.queue.starts import TokenThrottle, blocker, pending, record_queue_notes
-from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import DuplicateRecordError, Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.background import concurrently
 from hangar_dagster.util.log import Log
@@ -53,12 +52,10 @@ def _started(record: TrialRecord) -> str:
 def run_trials(
     exp: ResolvedExperiment,
     store: Store,
-    paths: HangarPaths,
+    settings: Settings,
     run_id: str,
     keys: Iterable[TrialKey],
     *,
-    window: EvalWindow,
-    tpm_budget: int | None,
     in_flight: Callable[[StartedMarker], bool],
     log: Log,
 ) -> dict[TrialKey, TrialPartition]:
@@ -67,10 +64,11 @@ def run_trials(
     ``in_flight(marker)`` says whether the run that wrote a started marker may still record
     it (else the attempt is closed as ``control_plane_restart``).
     """
-    for cut in close_interrupted(exp, store, paths, run_id, in_flight):
+    paths, window = settings.paths, settings.window
+    for cut in close_interrupted(exp, store, settings, run_id, in_flight):
         log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
-    work = pending(exp, store)
-    for note in record_queue_notes(exp, store):
+    work = pending(exp, store, settings)
+    for note in record_queue_notes(exp, store, settings):
         log.warning(note.message)
     latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
     # A finished attempt is kept (a resumed run loses and repeats nothing), and so is an infra
@@ -82,7 +80,7 @@ def run_trials(
     out |= {k: TrialPartition(k, record=t, reused=True) for k, t in plan.kept.items()}
     for said in record_overlay_pins(exp, store, run_id):  # a crash may have left one
         log.info(said)
-    throttle = TokenThrottle(store.tokens_finished_since, tpm_budget)
+    throttle = TokenThrottle(store.tokens_finished_since, settings.tpm_budget)
 
     def drain_reason(now: dt.datetime) -> str | None:
         if drain_marker(paths, run_id).exists():
@@ -97,7 +95,7 @@ def run_trials(
 
         def one(key: TrialKey) -> TrialRecord | str:
             throttle.wait(cancelled=watcher.cancel.is_set)
-            why = watcher.why or blocker(exp, store, window, dt.datetime.now(dt.UTC))
+            why = watcher.why or blocker(exp, store, settings, dt.datetime.now(dt.UTC))
             if why:
                 return why  # not started; a later run picks it up
             retry = work.retries.get(key.key)
@@ -109,7 +107,7 @@ def run_trials(
                 run_id=run_id,
                 cancel=watcher.trial_cancel(),
             )
-            record, _patch = run_trial(request, paths)
+            record, _patch = run_trial(request, settings)
             try:
                 store.put(record)  # stored the moment it finishes: a crash later loses nothing
             except DuplicateRecordError:
@@ -125,6 +123,6 @@ def run_trials(
             out[key] = TrialPartition(key, record=result)
             for said in record_overlay_pins(exp, store, run_id):
                 log.info(said)
-    for note in record_queue_notes(exp, store):  # what this run's failures led to
+    for note in record_queue_notes(exp, store, settings):  # what this run's failures led to
         log.warning(note.message)
     return out

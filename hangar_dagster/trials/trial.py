@@ -57,7 +57,7 @@ from hangar_dagster.experiment.plan import (
 )
 from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.results.records import OutcomeClass, TrialRecord, utcnow
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.standins.agent import sandbox_path
 from hangar_dagster.trials.agents import (
     NO_BYTECODE_ENV,
@@ -251,7 +251,7 @@ def _prepare(
     return sandbox, harness, git_dir, base
 
 
-def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
+def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -> None:
     exp, variant = req.experiment, req.experiment.variants[req.key.variant]
     task = exp.tasks[req.key.task]
     _drained(req)
@@ -273,6 +273,7 @@ def _execute(req: TrialRequest, work: Path, state: _Trial) -> None:
         sandbox=sandbox,
         network=variant.environment.egress.mode != "none",
         out_dir=work / "agent",
+        settings=settings,
         max_cost_usd=exp.spec.trial_job_budget.max_cost_usd if exp.spec.trial_job_budget else None,
         cancel=req.cancel if req.cancel is not None else threading.Event(),
     )
@@ -360,7 +361,12 @@ def mark_started(req: TrialRequest, paths: HangarPaths, started_at: dt.datetime)
 
 
 def pinned_fields(
-    exp: ResolvedExperiment, key: TrialKey, attempt: int, retry_of: str | None, run_id: str
+    exp: ResolvedExperiment,
+    key: TrialKey,
+    attempt: int,
+    retry_of: str | None,
+    run_id: str,
+    aliases: frozenset[str],
 ) -> dict[str, Any]:
     """The TrialRecord fields that say which attempt this is and what it was pinned to run."""
     variant = exp.variants[key.variant]
@@ -377,15 +383,16 @@ def pinned_fields(
         "harness_digest": variant.harness_digest,
         "environment_digest": variant.environment_digest,
         "model": variant.model,
-        "model_concrete": floating_reason(variant.model) is None,
+        "model_concrete": floating_reason(variant.model, aliases) is None,
         "model_concrete_basis": variant.model_concrete_basis,
         "agent": variant.adapter,
         "base_sha": exp.tasks[key.task].base_sha,
     }
 
 
-def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
-    """Run one attempt of one trial; returns its record and its (raw) patch text."""
+def run_trial(req: TrialRequest, settings: Settings) -> tuple[TrialRecord, str]:
+    """Run one attempt of one trial under ``settings``; returns its record and its (raw) patch text."""
+    paths = settings.paths
     exp = req.experiment
     variant = exp.variants[req.key.variant]
     task = exp.tasks[req.key.task]
@@ -397,7 +404,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
     prefix = f"{exp.experiment_id}-{req.key.key.replace('/', '__')}-a{req.attempt}-"
     work = Path(tempfile.mkdtemp(dir=paths.work, prefix=prefix))
     try:
-        _execute(req, work, state)
+        _execute(req, work, state, settings)
     except InfraError as err:
         state.infra_reason, state.error = err.reason, str(err)
     except Exception as err:  # a trial must end as a record, whatever broke
@@ -441,7 +448,7 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         "harness_fingerprint": state.harness_pins,
         "model": variant.model,
         "model_requested": variant.model_requested or variant.model,
-        "model_concrete": floating_reason(variant.model) is None,
+        "model_concrete": floating_reason(variant.model, settings.model_aliases) is None,
         "model_concrete_basis": variant.model_concrete_basis,
         "agent": variant.adapter,
         "agent_is_standin": is_standin,
@@ -491,7 +498,9 @@ def run_trial(req: TrialRequest, paths: HangarPaths) -> tuple[TrialRecord, str]:
         write_atomic(art / "egress.jsonl", clean(state.egress))
     finished_at = utcnow()
     record = TrialRecord(
-        **pinned_fields(exp, req.key, req.attempt, req.retry_of, req.run_id),
+        **pinned_fields(
+            exp, req.key, req.attempt, req.retry_of, req.run_id, settings.model_aliases
+        ),
         agent_is_standin=is_standin,
         started_at=started_at,
         finished_at=finished_at,

@@ -9,7 +9,8 @@ import dagster as dg
 import pytest
 
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.settings import ensure_dagster_home, paths
+from hangar_dagster.orchestration.instance import ensure_dagster_home
+from hangar_dagster.settings import Settings
 from tests.conftest import command_agent_spec, hangar, write_spec
 
 pytestmark = pytest.mark.integration
@@ -19,8 +20,8 @@ def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
     spec = command_agent_spec(example_dir, tmp_path, "guarded", "true")
-    exp = submit(write_spec(example_dir, spec), paths())
-    ensure_dagster_home()  # the instance the CLI uses: $HANGAR_HOME/dagster
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    ensure_dagster_home(Settings.from_env())  # the instance the CLI uses: $HANGAR_HOME/dagster
     run_id = str(uuid.uuid4())
     with dg.DagsterInstance.get() as instance:
         instance.add_run(

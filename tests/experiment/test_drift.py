@@ -24,7 +24,7 @@ from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from hangar_dagster.trials import trial as trial_module
 from hangar_dagster.trials.sandbox import Sandbox
 from hangar_dagster.trials.sandbox.bwrap import BwrapSandbox
@@ -45,9 +45,9 @@ def _turn(fingerprint: dict[str, Any]) -> str:
 def one_trial(example_dir: Path, tmp_path: Path, name: str, command: str) -> TrialRecord:
     """Submit a one-trial spec under a command harness and run its trial in process."""
     spec = command_agent_spec(example_dir, tmp_path, name, command)
-    exp = submit(write_spec(example_dir, spec), paths())
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
-    record, _patch = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), paths())
+    record, _patch = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env())
     return record
 
 
@@ -115,7 +115,7 @@ def test_check_names_each_moved_field_per_half() -> None:
 
 
 def test_the_pin_set_records_both_halves(example_dir: Path, hangar_home: Path) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     variant = exp.variants["skill"]
     lock_dir = Path(variant.harness_path)
     assert (lock_dir / "skills").is_dir()
@@ -127,6 +127,7 @@ def test_the_pin_set_records_both_halves(example_dir: Path, hangar_home: Path) -
         model_concrete_basis=variant.model_concrete_basis,
         task_bases={t: exp.tasks[t].base_sha for t in variant.tasks},
         grader_digest=exp.grader_digest,
+        aliases=frozenset(),
     )
     # Submit pinned exactly these halves: the pin set id covers them.
     assert pin_set_id(content) == variant.pin_set
@@ -168,7 +169,11 @@ def test_a_cli_reporting_another_version_or_model_drifts(
     assert record.trace["turn1_harness_digest"] == turn1_harness_digest(record.trace["fingerprint"])
     # Never retried: running it again would not run what was pinned either.
     Store(paths()).put(record)
-    plan = plan_retries(Store(paths()).trials(record.experiment_id, all_attempts=True), 1)
+    plan = plan_retries(
+        Store(paths()).trials(record.experiment_id, all_attempts=True),
+        1,
+        Settings.from_env().infra_retries,
+    )
     assert plan.retries == [] and plan.notes == [f"drift is never retried: {record.trial_key}"]
 
 
@@ -215,9 +220,9 @@ def test_no_drift_on_the_normal_path(example_dir: Path, tmp_path: Path, hangar_h
     assert record.drift is None and record.trace["drift"]["harness"] == {}
     assert record.trace["turn1_harness_digest"].startswith("sha256:")
     # ... and the example's scripted stand-in (which labels its CLI as a stand-in).
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     key = next(k for k in exp.trial_keys() if k.variant == "skill")
-    standin, _ = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), paths())
+    standin, _ = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env())
     assert standin.infra_reason is None and standin.drift is None, standin.error
     compared = standin.trace["drift"]
     assert compared["harness"] == {} and compared["environment"] == {}

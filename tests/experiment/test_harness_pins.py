@@ -9,7 +9,7 @@ import yaml
 
 from hangar_dagster.experiment.spec import SpecError
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 from tests.conftest import EXAMPLE, command_agent_spec, write_spec
 
 pytestmark = pytest.mark.unit
@@ -24,7 +24,7 @@ def pinned_spec(example_dir: Path, tmp_path: Path, name: str, pins: object) -> P
 
 def refused(spec: Path) -> list[str]:
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
     return [str(p) for p in info.value.problems]
 
 
@@ -59,7 +59,7 @@ def test_a_malformed_pin_file_is_refused_naming_it(
 
 def test_a_matching_pin_submits(example_dir: Path, hangar_home: Path, tmp_path: Path) -> None:
     spec = pinned_spec(example_dir, tmp_path, "pins-ok", {"clis": {"sh": "1"}})
-    exp = submit(spec, paths())
+    exp = submit(spec, Settings.from_env())
     assert list(exp.variants) == ["pins-ok"]
 
 

@@ -28,7 +28,7 @@ from hangar_dagster.experiment.submit import resolve, submit
 from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths, paths
+from hangar_dagster.settings import HangarPaths, Settings, paths
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.conftest import command_agent_spec, hangar, write_spec
 
@@ -51,13 +51,15 @@ SHIPPED_SONNET = "claude-sonnet-4-5-20250929"
     ],
 )
 def test_floating_aliases_are_named(alias: str) -> None:
-    assert floating_reason(alias) is not None
+    assert floating_reason(alias, frozenset()) is not None
 
 
 def test_an_alias_the_environment_declares_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert floating_reason("team-model-2025-01-01") is None
-    monkeypatch.setenv("HANGAR_MODEL_ALIASES", "fast, team-model-2025-01-01")
-    assert "HANGAR_MODEL_ALIASES" in str(floating_reason("team-model-2025-01-01"))
+    assert floating_reason("team-model-2025-01-01", Settings.from_env().model_aliases) is None
+    monkeypatch.setenv("HANGAR_MODEL_ALIASES", "fast, Team-Model-2025-01-01")
+    declared = Settings.from_env().model_aliases
+    assert declared == {"fast", "team-model-2025-01-01"}
+    assert "HANGAR_MODEL_ALIASES" in str(floating_reason("team-model-2025-01-01", declared))
 
 
 def test_providers_are_read_from_ids_and_aliases() -> None:
@@ -78,7 +80,7 @@ def write_cache(home: Path, provider: str, ids: list[str]) -> None:
 def test_policies_resolve_from_the_cached_list_with_basis_list(tmp_path: Path) -> None:
     ids = ["claude-sonnet-4-20250514", "claude-sonnet-9-20270101", "claude-opus-9-20270202"]
     write_cache(tmp_path, "anthropic", ids)
-    catalog = ModelCatalog(tmp_path / "cache" / "models")
+    catalog = ModelCatalog(tmp_path / "cache" / "models", frozenset())
     balanced = catalog.choose("balanced", "claude-code")
     assert (balanced.model, balanced.basis, balanced.note) == (
         "claude-sonnet-9-20270101",
@@ -96,7 +98,7 @@ def test_a_bare_policy_takes_the_adapters_provider(tmp_path: Path) -> None:
     write_cache(
         tmp_path, "openai", ["gpt-5.2-2027-01-01", "gpt-5.2-mini-2027-01-01", "o3-2025-04-16"]
     )
-    catalog = ModelCatalog(tmp_path / "cache" / "models")
+    catalog = ModelCatalog(tmp_path / "cache" / "models", frozenset())
     chosen = {
         (policy, adapter): catalog.choose(policy, adapter).model
         for policy in ("balanced", "frontier")
@@ -115,19 +117,19 @@ def test_a_bare_policy_takes_the_adapters_provider(tmp_path: Path) -> None:
 
 def test_an_id_the_list_lacks_is_decided_by_its_dated_shape(tmp_path: Path) -> None:
     write_cache(tmp_path, "anthropic", ["claude-sonnet-9-20270101"])  # no opus at all
-    catalog = ModelCatalog(tmp_path / "cache" / "models")
+    catalog = ModelCatalog(tmp_path / "cache" / "models", frozenset())
     unlisted = catalog.choose("claude-sonnet-4-5-20250929", "claude-code")
     assert unlisted.basis == "pattern" and "dated shape" in str(unlisted.note)
     # The cached list has no opus: the shipped snapshot names one, vouched for by its date only.
     frontier = catalog.choose("frontier", "claude-code")
     assert frontier.model.startswith("claude-opus-") and frontier.basis == "pattern"
     assert "anthropic.json" in str(frontier.note) and "shipped" in str(frontier.note)
-    unknown = ModelCatalog(None).choose("fixer-2025-01-01", "command")
+    unknown = ModelCatalog(None, frozenset()).choose("fixer-2025-01-01", "command")
     assert unknown.basis == "pattern" and "no provider model list" in str(unknown.note)
 
 
 def test_without_a_cache_the_shipped_list_answers_and_bad_input_is_named(tmp_path: Path) -> None:
-    catalog = ModelCatalog(tmp_path / "empty")
+    catalog = ModelCatalog(tmp_path / "empty", frozenset())
     assert catalog.choose("balanced", "claude-code").model == SHIPPED_SONNET
     assert catalog.choose("balanced", "standin").model == "standin-scripted-2026-01-01"
     with pytest.raises(ModelListError, match="anthropic:balanced or openai:balanced"):
@@ -142,12 +144,14 @@ def test_without_a_cache_the_shipped_list_answers_and_bad_input_is_named(tmp_pat
 
 def test_a_refusal_names_the_alias_and_what_the_policies_resolve_to_now(tmp_path: Path) -> None:
     write_cache(tmp_path, "anthropic", ["claude-sonnet-9-20270101", "claude-opus-9-20270202"])
-    refused = ModelCatalog(tmp_path / "cache" / "models").refusal("opus", "claude-code")
+    refused = ModelCatalog(tmp_path / "cache" / "models", frozenset()).refusal(
+        "opus", "claude-code"
+    )
     assert refused is not None
     assert "'opus'" in refused.message
     assert "anthropic balanced -> claude-sonnet-9-20270101" in refused.message
     assert "anthropic frontier -> claude-opus-9-20270202" in refused.message
-    assert ModelCatalog(None).refusal("balanced", "claude-code") is None
+    assert ModelCatalog(None, frozenset()).refusal("balanced", "claude-code") is None
 
 
 # --- submit, start, trials -----------------------------------------------------------------
@@ -173,7 +177,7 @@ def test_submit_refuses_an_alias_naming_the_policies(
 ) -> None:
     spec = model_spec(example_dir, tmp_path, "alias-submit", "sonnet", "true")
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
     [problem] = info.value.problems
     assert problem.path == "variants.v.harness_lock"
     assert (
@@ -182,7 +186,7 @@ def test_submit_refuses_an_alias_naming_the_policies(
     )
     assert "policy" in problem.fix
     # An ordinary job (hangar grade resolves the same spec) keeps the alias, not concrete.
-    ordinary = resolve(load_spec(spec), spec)
+    ordinary = resolve(load_spec(spec), spec, Settings.from_env())
     assert ordinary.variants["v"].model == "sonnet"
     assert ordinary.variants["v"].model_concrete_basis is None
 
@@ -211,12 +215,14 @@ def test_a_policy_resolves_once_and_every_trial_runs_and_records_that_id(
     cache.mkdir(parents=True)
     listed = {"models": [SHIPPED_SONNET], "fetched_at": "2026-11-29T00:00:00+00:00"}
     (cache / "anthropic.json").write_text(json.dumps(listed))
-    exp = submit(spec, paths())
+    exp = submit(spec, Settings.from_env())
     variant = exp.variants["v"]
     assert (variant.model, variant.model_requested) == (SHIPPED_SONNET, "anthropic:balanced")
     assert variant.model_concrete_basis == "list" and variant.model_note is None
 
-    record, patch = run_trial(TrialRequest(exp, TrialKey("v", "median", 1), 1, None, "r1"), paths())
+    record, patch = run_trial(
+        TrialRequest(exp, TrialKey("v", "median", 1), 1, None, "r1"), Settings.from_env()
+    )
     assert record.outcome_class == "completed", record.error
     assert (record.model, record.model_concrete, record.model_concrete_basis) == (
         SHIPPED_SONNET,
@@ -233,7 +239,7 @@ def test_without_a_fetched_list_the_shipped_snapshot_is_only_a_pattern_basis(
 ) -> None:
     # Regression: the snapshot shipped with hangar was taken as a provider list (basis list).
     spec = model_spec(example_dir, tmp_path, "no-cache", "anthropic:balanced", "true")
-    exp = submit(spec, paths())
+    exp = submit(spec, Settings.from_env())
     variant = exp.variants["v"]
     assert (variant.model, variant.model_concrete_basis) == (SHIPPED_SONNET, "pattern")
     assert variant.model_note is not None and "shipped" in variant.model_note
@@ -243,7 +249,7 @@ def test_a_pattern_basis_is_noted_on_the_experiment(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
     spec = model_spec(example_dir, tmp_path, "pattern-note", "fixer-model-2025-01-01", "true")
-    exp = submit(spec, paths())
+    exp = submit(spec, Settings.from_env())
     assert exp.variants["v"].model_concrete_basis == "pattern"
     notes = [n for n in Store(paths()).notes(exp.experiment_id) if n.kind == "model"]
     assert len(notes) == 1 and "fixer-model-2025-01-01" in notes[0].message
@@ -256,17 +262,17 @@ def test_an_alias_declared_after_submit_stops_the_experiment_at_start(
 ) -> None:
     model = "fixer-model-2025-01-01"
     spec = model_spec(example_dir, tmp_path, "alias-start", model, "true")
-    exp = submit(spec, paths())
+    exp = submit(spec, Settings.from_env())
     monkeypatch.setenv("HANGAR_MODEL_ALIASES", model)
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
     at_submit = str(info.value.problems[0])
 
     assets = build_experiment_assets(exp)
     result = dg.materialize(
         assets,
         selection=[dg.AssetKey([exp.experiment_id, "spec"])],
-        resources={"hangar": HangarResource(home=str(hangar_home))},
+        resources={"hangar": HangarResource.from_settings(Settings.from_env())},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
     )
@@ -350,8 +356,8 @@ def test_an_overlay_alias_is_refused_at_submit_and_kept_by_hangar_grade(
     path = example_dir / "overlay-alias.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as refused:
-        submit(path, paths())
+        submit(path, Settings.from_env())
     problems = {p.path: p.message for p in refused.value.problems}
     assert "floating model alias" in problems.get("variants.ov.model", ""), problems
-    kept = resolve(load_spec(path), path)  # what `hangar grade` does
+    kept = resolve(load_spec(path), path, Settings.from_env())  # what `hangar grade` does
     assert kept.variants["ov"].model == model and kept.variants["ov"].model_concrete_basis is None

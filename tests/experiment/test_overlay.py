@@ -20,7 +20,7 @@ from hangar_dagster.experiment.overlay import (
 )
 from hangar_dagster.experiment.spec import SpecError, Variant
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 from tests.conftest import EXAMPLE, hangar, write_spec
 from tests.factories import trial
 
@@ -152,7 +152,7 @@ def test_a_refused_overlay_spec_writes_nothing(
     spec["variants"]["noskills"] = {"skills_remove": ["no-such-skill"]}
     spec_path.write_text(yaml.safe_dump(spec))
     with pytest.raises(SpecError) as caught:
-        submit(spec_path, paths())
+        submit(spec_path, Settings.from_env())
     (problem,) = caught.value.problems
     assert problem.path == "variants.noskills.skills_remove" and "no-such-skill" in problem.message
     assert not hangar_home.exists()

@@ -26,6 +26,7 @@ def inputs() -> dict[str, Any]:
         "task_bases": {"t1": "1" * 40, "t2": "2" * 40},
         "grader_digest": "sha256:" + "g" * 64,
         "egress": "none",
+        "aliases": frozenset(),
     }
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from hangar_dagster.experiment.spec import SpecError
 from hangar_dagster.experiment.submit import load_resolved, submit
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from hangar_dagster.util.gitrepo import git
 from tests.conftest import hangar
 
@@ -36,7 +36,7 @@ def edited_spec(example_dir: Path, tmp_path: Path, edit: dict[str, object]) -> P
 def test_submit_resolves_bases_to_full_shas_and_pins_every_variant(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     for task in exp.tasks.values():
         assert task.base_sha == git("rev-parse", "base", cwd=Path(task.repo)).strip()
         assert task.hidden_files
@@ -52,8 +52,8 @@ def test_submit_resolves_bases_to_full_shas_and_pins_every_variant(
 def test_a_second_submit_gets_a_fresh_canary_but_the_same_pins(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    a = submit(example_dir / "experiment.yaml", paths())
-    b = submit(example_dir / "experiment.yaml", paths())
+    a = submit(example_dir / "experiment.yaml", Settings.from_env())
+    b = submit(example_dir / "experiment.yaml", Settings.from_env())
     assert a.experiment_id != b.experiment_id
     assert a.canary != b.canary
     assert {v.pin_set for v in a.variants.values()} == {v.pin_set for v in b.variants.values()}
@@ -80,7 +80,7 @@ def test_resolution_problems_are_refused_with_the_field(
 ) -> None:
     spec = edited_spec(example_dir, tmp_path, edit)
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
     assert path in [p.path for p in info.value.problems]
     assert not hangar_home.exists(), "a refused spec must write nothing"
 
@@ -93,7 +93,7 @@ def test_a_lock_edited_after_freezing_is_refused(
     lock_dir = next((copy / "harnesses").iterdir())
     (lock_dir / "harness.yaml").write_text((lock_dir / "harness.yaml").read_text() + "\n# edited\n")
     with pytest.raises(SpecError, match="changed after it was frozen"):
-        submit(copy / "experiment.yaml", paths())
+        submit(copy / "experiment.yaml", Settings.from_env())
 
 
 @pytest.mark.integration

@@ -3,32 +3,39 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import dagster as dg
+import factories as f
 import pytest
 
+from hangar_dagster.cli.ui import WORKSPACE_YAML
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.definitions import build_definitions
+from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
 from hangar_dagster.queue.window import parse_window
-from hangar_dagster.settings import ensure_dagster_home, paths
+from hangar_dagster.settings import Settings, paths
 
 pytestmark = pytest.mark.integration
 
 
 def test_definitions_load_with_no_experiments(hangar_home: Path) -> None:
-    defs = build_definitions()
+    defs = build_definitions(Settings.from_env())
     assert list(defs.resolve_all_asset_keys()) == []
-    assert (hangar_home / "dagster" / "dagster.yaml").is_file()
+    # Building definitions only reads: the CLI prepares the Dagster home (instance.py).
+    assert not (hangar_home / "dagster").exists()
 
 
 def test_definitions_build_one_group_per_experiment(example_dir: Path, hangar_home: Path) -> None:
-    a = submit(example_dir / "experiment.yaml", paths())
-    b = submit(example_dir / "experiment.yaml", paths())
-    defs = build_definitions()
+    a = submit(example_dir / "experiment.yaml", Settings.from_env())
+    b = submit(example_dir / "experiment.yaml", Settings.from_env())
+    defs = build_definitions(Settings.from_env())
     # What the webserver does on load: every job, op and asset name must be unique.
     dg.Definitions.validate_loadable(defs)
     keys = {tuple(k.path) for k in defs.resolve_all_asset_keys()}
@@ -48,12 +55,12 @@ def test_definitions_build_one_group_per_experiment(example_dir: Path, hangar_ho
 def test_driver_requests_the_first_stage_only_for_daemon_experiments(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    waited = submit(example_dir / "experiment.yaml", paths())
-    queued = submit(example_dir / "experiment.yaml", paths())
+    waited = submit(example_dir / "experiment.yaml", Settings.from_env())
+    queued = submit(example_dir / "experiment.yaml", Settings.from_env())
     (paths().experiment_dir(queued.experiment_id) / DAEMON_MARKER).touch()
     with dg.instance_for_test() as instance:
         requests = decide(
-            instance, paths(), parse_window("always"), dt.datetime.now(dt.UTC)
+            instance, f.settings(parse_window("always")), dt.datetime.now(dt.UTC)
         ).requests
     assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec_job"]
     assert requests[0].run_key == f"{queued.experiment_id}:spec:1"
@@ -74,18 +81,21 @@ def add_stage_run(
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.SensorExecutionData:
-    """One evaluation of the real driver sensor, as the daemon runs it against ``defs``."""
+    """One evaluation of the real driver sensor, as the daemon runs it against ``defs``
+    (with the definitions' resources, as the daemon gives them)."""
     sensor = defs.resolve_sensor_def("experiment_driver")
-    context = dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def())
-    return sensor.evaluate_tick(context)
+    with dg.build_sensor_context(
+        instance=instance, repository_def=defs.get_repository_def(), resources=defs.resources
+    ) as context:  # closed after the tick: it holds the resources it built until then
+        return sensor.evaluate_tick(context)
 
 
 def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    first = submit(example_dir / "experiment.yaml", paths())
+    first = submit(example_dir / "experiment.yaml", Settings.from_env())
     (paths().experiment_dir(first.experiment_id) / DAEMON_MARKER).touch()
-    defs = build_definitions()
+    defs = build_definitions(Settings.from_env())
     with dg.instance_for_test() as instance:
         [request] = tick(defs, instance).run_requests or []
         assert request.job_name == f"{first.experiment_id}__spec_job"
@@ -93,7 +103,7 @@ def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
 
         # Its spec run is in flight, and a second experiment is submitted after defs loaded.
         busy = add_stage_run(instance, first, "spec", dg.DagsterRunStatus.STARTED)
-        late = submit(example_dir / "experiment.yaml", paths())
+        late = submit(example_dir / "experiment.yaml", Settings.from_env())
         (paths().experiment_dir(late.experiment_id) / DAEMON_MARKER).touch()
         skipped = tick(defs, instance)
         assert not skipped.run_requests
@@ -107,14 +117,14 @@ def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
 def test_the_driver_sensor_skips_with_the_window_reason(
     example_dir: Path, hangar_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
     monkeypatch.setenv("HANGAR_EVAL_TZ", "UTC")
     monkeypatch.setenv(
         "HANGAR_EVAL_WINDOW", f"{later:%H:%M}-{later + dt.timedelta(minutes=30):%H:%M}"
     )
-    defs = build_definitions()
+    defs = build_definitions(Settings.from_env())
     with dg.instance_for_test() as instance:
         for stage in ("spec", "pin_sets", "base_checks"):
             add_stage_run(instance, exp, stage, dg.DagsterRunStatus.SUCCESS)
@@ -126,8 +136,53 @@ def test_the_driver_sensor_skips_with_the_window_reason(
 def test_the_shipped_instance_ends_runs_that_never_start_and_never_resumes(
     hangar_home: Path,
 ) -> None:
-    ensure_dagster_home()  # seeds $DAGSTER_HOME/dagster.yaml from the shipped one
+    ensure_dagster_home(Settings.from_env())  # seeds $DAGSTER_HOME/dagster.yaml, as the CLI does
     with dg.DagsterInstance.get() as instance:
         assert instance.run_monitoring_enabled
         assert 0 < instance.run_monitoring_start_timeout_seconds <= 600
         assert instance.run_monitoring_max_resume_run_attempts == 0
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    return env | {"HANGAR_HOME": str(home)}
+
+
+def test_importing_the_definitions_writes_nothing_and_changes_no_environment(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "x"
+    probe = (
+        "import os, hangar_dagster.orchestration.definitions as d; "
+        "print(os.environ.get('DAGSTER_HOME'), callable(d.defs))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=_clean_env(home),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["None", "True"]
+    assert not home.exists()  # not even HANGAR_HOME itself
+
+
+def test_dagster_loads_the_lazy_definitions_from_the_workspace_module(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    submit(example_dir / "experiment.yaml", Settings.from_env())  # a location with assets
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(WORKSPACE_YAML)  # what `hangar ui` hands `dagster dev`
+    dagster = Path(sys.executable).with_name("dagster")
+    done = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", str(workspace)],
+        env=_clean_env(hangar_home),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "Validation successful for code location hangar" in said
+    assert not (hangar_home / "dagster").exists()  # loading prepared no Dagster home

@@ -29,9 +29,9 @@ from hangar_dagster.orchestration.schedules import (
 )
 from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 from hangar_dagster.orchestration.stages import SETUP_STAGES, stage_tags
-from hangar_dagster.queue.window import EvalWindow, parse_window, window_from_env
+from hangar_dagster.queue.window import EvalWindow, parse_window
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 from tests.orchestration.test_sensors import stage_run
 
@@ -99,7 +99,7 @@ def fires(drain: dg.ScheduleDefinition, after: datetime.datetime) -> datetime.da
 def test_drain_fires_at_quarter_past_midnight_new_york(
     opens: datetime.datetime, closes: datetime.datetime
 ) -> None:
-    window, recorder = window_from_env({}), Recorder()
+    window, recorder = Settings.from_env({}).window, Recorder()
     drain = drain_of(window, recorder)
     assert drain.execution_timezone == "America/New_York"
     assert window.is_open(opens) and window.closes_at(opens) == closes
@@ -114,7 +114,7 @@ def test_drain_fires_at_quarter_past_midnight_new_york(
 
 
 def test_drain_at_two_in_the_afternoon_is_not_due() -> None:
-    window, recorder = window_from_env({}), Recorder()
+    window, recorder = Settings.from_env({}).window, Recorder()
     afternoon = ny(2026, 1, 15, 14)
     assert fires(drain_of(window, recorder), afternoon) == ny(2026, 1, 16, 0, 15)
     assert not window.is_open(afternoon) and window.next_open(afternoon) == ny(2026, 1, 15, 20)
@@ -181,12 +181,12 @@ def test_window_and_dagster_cron_agree_on_dst_nights(
 
 def test_always_has_no_drain() -> None:
     recorder = Recorder()
-    window = window_from_env({"HANGAR_EVAL_WINDOW": "always"})
+    window = Settings.from_env({"HANGAR_EVAL_WINDOW": "always"}).window
     assert build_drain_schedule(window, recorder.on_close) == []
 
 
 def test_drain_loads_beside_the_stage_jobs_and_starts_running() -> None:
-    drain = drain_of(window_from_env({"HANGAR_EVAL_TZ": "Europe/Paris"}), Recorder())
+    drain = drain_of(Settings.from_env({"HANGAR_EVAL_TZ": "Europe/Paris"}).window, Recorder())
     assert drain.name == DRAIN_NAME
     assert drain.default_status == dg.DefaultScheduleStatus.RUNNING
     assert (drain.cron_schedule, drain.execution_timezone) == ("15 0 * * *", "Europe/Paris")
@@ -202,7 +202,7 @@ def test_drain_loads_beside_the_stage_jobs_and_starts_running() -> None:
 @pytest.fixture
 def waiting(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
     """The example, submitted for the daemon (`hangar experiment run` without --wait)."""
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
     return exp
 
@@ -217,13 +217,11 @@ class Opening:
         self.now = datetime.datetime.now(UTC)
         group = build_experiment_assets(exp)
         jobs = build_experiment_jobs(exp, group)
-        home = str(paths().home)
-        [self.schedule] = build_open_schedule(exp, jobs, home, window, clock=lambda: self.now)
+        [self.schedule] = build_open_schedule(exp, jobs, window, clock=lambda: self.now)
+        # The schedule's tick reads the window from the resource, as built from the same settings.
+        self.resources = {"hangar": HangarResource.from_settings(f.settings(window))}
         self.repo = dg.Definitions(
-            assets=group,
-            jobs=jobs,
-            schedules=[self.schedule],
-            resources={"hangar": HangarResource(home=home)},
+            assets=group, jobs=jobs, schedules=[self.schedule], resources=self.resources
         ).get_repository_def()
 
     def tick(
@@ -233,10 +231,14 @@ class Opening:
         late: datetime.timedelta = SECOND,
     ) -> ScheduleExecutionData:
         self.now = at.astimezone(UTC) + late
-        context = dg.build_schedule_context(
-            instance=instance, scheduled_execution_time=at, repository_def=self.repo
-        )
-        return self.schedule.evaluate_tick(context)
+        # Closed after the tick: the context holds the resources it built until then.
+        with dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=at,
+            repository_def=self.repo,
+            resources=self.resources,
+        ) as context:
+            return self.schedule.evaluate_tick(context)
 
 
 def setup_done(instance: dg.DagsterInstance, exp: ResolvedExperiment) -> None:
@@ -261,7 +263,7 @@ def started(data: ScheduleExecutionData, exp: ResolvedExperiment, night: str) ->
 def test_opening_starts_the_waiting_trials_at_eight_new_york(
     waiting: ResolvedExperiment, opens: datetime.datetime, utc_hour: int
 ) -> None:
-    opening = Opening(waiting, window_from_env({}))
+    opening = Opening(waiting, Settings.from_env({}).window)
     assert (opening.schedule.cron_schedule, opening.schedule.execution_timezone) == (
         "0 20 * * *",
         "America/New_York",
@@ -279,7 +281,7 @@ def test_opening_starts_the_waiting_trials_at_eight_new_york(
 def test_opening_at_two_in_the_afternoon_skips_with_eval_window(
     waiting: ResolvedExperiment,
 ) -> None:
-    opening = Opening(waiting, window_from_env({}))
+    opening = Opening(waiting, Settings.from_env({}).window)
     with dg.instance_for_test() as instance:
         setup_done(instance, waiting)
         data = opening.tick(instance, ny(2027, 1, 15, 14))
@@ -292,7 +294,7 @@ def test_opening_at_two_in_the_afternoon_skips_with_eval_window(
 
 @pytest.mark.integration
 def test_opening_after_the_spring_forward_night(waiting: ResolvedExperiment) -> None:
-    nightly, gap = window_from_env({}), parse_window("02:30-04:00")
+    nightly, gap = Settings.from_env({}).window, parse_window("02:30-04:00")
     # 2027-03-14, 02:00 EST -> 03:00 EDT: eight o'clock moves from 01:00 to 00:00 UTC ...
     at_eight = Opening(waiting, nightly)
     before = fires(at_eight.schedule, ny(2027, 3, 13, 12))
@@ -314,7 +316,7 @@ def test_opening_after_the_spring_forward_night(waiting: ResolvedExperiment) -> 
 @pytest.mark.integration
 def test_opening_skips_and_says_why(waiting: ResolvedExperiment, example_dir: Path) -> None:
     opens = ny(2027, 1, 15, 20)
-    opening = Opening(waiting, window_from_env({}))
+    opening = Opening(waiting, Settings.from_env({}).window)
     eid = waiting.experiment_id
     with dg.instance_for_test() as instance:
         assert opening.tick(instance, opens).skip_message == (
@@ -344,10 +346,12 @@ def test_opening_skips_and_says_why(waiting: ResolvedExperiment, example_dir: Pa
             store.put(f.trial(v, t, int(r), experiment_id=eid))
         assert opening.tick(instance, opens).skip_message == f"{eid}: no trial is pending"
 
-    waited = submit(example_dir / "experiment.yaml", paths())  # `run --wait`: no daemon marker
+    waited = submit(
+        example_dir / "experiment.yaml", Settings.from_env()
+    )  # `run --wait`: no daemon marker
     with dg.instance_for_test() as instance:
         setup_done(instance, waited)
-        skipped = Opening(waited, window_from_env({})).tick(instance, opens).skip_message
+        skipped = Opening(waited, Settings.from_env({}).window).tick(instance, opens).skip_message
     assert skipped == (
         f"{waited.experiment_id}: not driven by the daemon "
         "(submitted with --wait; that process starts its trials)"
@@ -357,9 +361,9 @@ def test_opening_skips_and_says_why(waiting: ResolvedExperiment, example_dir: Pa
 def test_definitions_hold_one_opening_per_experiment_and_one_drain(
     waiting: ResolvedExperiment, example_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    other = submit(example_dir / "experiment.yaml", paths())
+    other = submit(example_dir / "experiment.yaml", Settings.from_env())
     monkeypatch.setenv("HANGAR_EVAL_WINDOW", "20:00-00:15")
-    defs = build_definitions()
+    defs = build_definitions(Settings.from_env())
     dg.Definitions.validate_loadable(defs)
     names = {s.name: s for s in defs.get_repository_def().schedule_defs}
     assert set(names) == {
@@ -371,4 +375,4 @@ def test_definitions_hold_one_opening_per_experiment_and_one_drain(
         f"{other.experiment_id}__trials_job"
     )
     monkeypatch.setenv("HANGAR_EVAL_WINDOW", "always")
-    assert build_definitions().get_repository_def().schedule_defs == []
+    assert build_definitions(Settings.from_env()).get_repository_def().schedule_defs == []

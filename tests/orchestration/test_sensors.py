@@ -17,7 +17,7 @@ from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
 from hangar_dagster.queue.starts import OPEN_GRACE
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def stage_run(
 @pytest.fixture
 def queued(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
     """The example, submitted for the daemon, its setup stages done."""
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
     return exp
 
@@ -79,23 +79,25 @@ def test_trials_wait_for_the_window_then_start_and_retry(queued: ResolvedExperim
     # Instants after the submission (now): the experiment waits for the window.
     with dg.instance_for_test() as instance:
         setup_done(instance, queued)
-        afternoon = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 1, 14, 0, tzinfo=NY))
+        afternoon = decide(instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 1, 14, 0, tzinfo=NY))
         assert afternoon.requests == []
         assert len(afternoon.waiting) == 1 and "eval_window:" in afternoon.waiting[0]
 
         # Past the opening schedule's grace (it did not start them: the daemon was down).
-        evening = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 1, 20, 2, tzinfo=NY))
+        evening = decide(instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 1, 20, 2, tzinfo=NY))
         assert [r.run_key for r in evening.requests] == [f"{queued.experiment_id}:trials:1"]
         assert evening.requests[0].tags["hangar/queue"] == "eval"
 
         # After a trials run: every key done but one drained -> the index, then a retry run.
         store_all_but_one_drained(queued)
         stage_run(instance, queued, "trials")
-        late = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY))
+        late = decide(instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY))
         assert [r.run_key for r in late.requests] == [f"{queued.experiment_id}:index:1"]
         assert "eval_window" in late.waiting[0]
         stage_run(instance, queued, "index")
-        next_night = decide(instance, paths(), NIGHTLY, dt.datetime(2027, 7, 2, 20, 5, tzinfo=NY))
+        next_night = decide(
+            instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 2, 20, 5, tzinfo=NY)
+        )
         assert [r.run_key for r in next_night.requests] == [f"{queued.experiment_id}:trials:2"]
 
 
@@ -108,14 +110,14 @@ def test_at_the_opening_a_waiting_experiment_is_left_to_the_schedule_for_the_gra
     with dg.instance_for_test() as instance:
         setup_done(instance, queued)
         for at in (opens, opens + OPEN_GRACE - dt.timedelta(seconds=1)):
-            held = decide(instance, paths(), NIGHTLY, at)
+            held = decide(instance, f.settings(NIGHTLY), at)
             assert held.requests == []
             [why] = held.waiting
             assert why.startswith(f"{queued.experiment_id}: eval_window_open: the window opened")
             assert f"schedule {queued.experiment_id}__eval_window_open starts these trials" in why
             assert f"at {opens + OPEN_GRACE:%H:%M:%S %Z} if it has not" in why
         # The schedule did not fire (the daemon was down at the opening): the driver catches up.
-        caught_up = decide(instance, paths(), NIGHTLY, opens + OPEN_GRACE)
+        caught_up = decide(instance, f.settings(NIGHTLY), opens + OPEN_GRACE)
         assert [r.run_key for r in caught_up.requests] == [f"{queued.experiment_id}:trials:1"]
 
 
@@ -144,11 +146,11 @@ def test_the_grace_ends_once_a_trials_run_began_since_the_opening(
     with dg.instance_for_test() as instance:
         setup_done(instance, exp)
         now = dt.datetime.now(dt.UTC)
-        assert "eval_window_open" in decide(instance, paths(), window, now).waiting[0]
+        assert "eval_window_open" in decide(instance, f.settings(window), now).waiting[0]
         # The schedule started a run; one key was drained: its retry need not wait for the grace.
         store_all_but_one_drained(exp)
         stage_run(instance, exp, "trials")
-        retry = decide(instance, paths(), window, dt.datetime.now(dt.UTC))
+        retry = decide(instance, f.settings(window), dt.datetime.now(dt.UTC))
         assert [r.run_key for r in retry.requests] == [f"{exp.experiment_id}:trials:2"]
 
 
@@ -159,7 +161,7 @@ def test_an_experiment_submitted_inside_the_window_starts_at_once(
     with dg.instance_for_test() as instance:
         setup_done(instance, queued)
         now = dt.datetime.now(dt.UTC)
-        assert [r.run_key for r in decide(instance, paths(), window, now).requests] == [
+        assert [r.run_key for r in decide(instance, f.settings(window), now).requests] == [
             f"{queued.experiment_id}:trials:1"
         ]
 
@@ -173,7 +175,7 @@ def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
         created = instance.get_run_record_by_id(stuck)
         assert created is not None
         at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)  # inside the window: only the run blocks
-        held = decide(instance, paths(), NIGHTLY, at)
+        held = decide(instance, f.settings(NIGHTLY), at)
         assert held.requests == []
         [why] = held.waiting
         since = f"{created.create_timestamp.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
@@ -184,7 +186,7 @@ def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
         run = instance.get_run_by_id(stuck)
         assert run is not None
         instance.report_run_failed(run, "its worker died")
-        assert [r.run_key for r in decide(instance, paths(), NIGHTLY, at).requests] == [
+        assert [r.run_key for r in decide(instance, f.settings(NIGHTLY), at).requests] == [
             f"{queued.experiment_id}:trials:2"
         ]
 

@@ -18,14 +18,13 @@ from hangar_dagster.queue.budget import (
     AUTHOR_CAP_VAR,
     TEAM_CAP_VAR,
     BudgetConfigError,
-    caps,
     month_status,
     projected_cost,
     start_blocker,
     submit_problems,
 )
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests.conftest import hangar
 from tests.experiment.test_submit import edited_spec
 
@@ -91,16 +90,16 @@ def test_ledger_sums_per_author_and_team_within_the_utc_month(
     spend(store, "b1", "bo", [(dt.datetime(2026, 10, 31, 23, 59, tzinfo=dt.UTC), 100.0)])
     spend(store, "b2", "bo", [(dt.datetime(2026, 11, 1, 0, 0, tzinfo=dt.UTC), 2.25)])
 
-    nov = month_status(store, "ana", NOV)
+    nov = month_status(store, "ana", NOV, f.settings().caps)
     assert nov.month == "2026-11"
     assert (nov.team.cap_usd, nov.team.spent_usd, nov.team.left_usd) == (1500.0, 17.75, 1482.25)
     assert (nov.author_budget.spent_usd, nov.author_budget.left_usd) == (15.5, 384.5)
-    assert month_status(store, "bo", NOV).author_budget.spent_usd == 2.25
-    dec = month_status(store, "ana", dt.datetime(2026, 12, 2, tzinfo=dt.UTC))
+    assert month_status(store, "bo", NOV, f.settings().caps).author_budget.spent_usd == 2.25
+    dec = month_status(store, "ana", dt.datetime(2026, 12, 2, tzinfo=dt.UTC), f.settings().caps)
     assert (dec.team.spent_usd, dec.author_budget.spent_usd) == (7.0, 7.0)
-    oct_ = month_status(store, "bo", dt.datetime(2026, 10, 2, tzinfo=dt.UTC))
+    oct_ = month_status(store, "bo", dt.datetime(2026, 10, 2, tzinfo=dt.UTC), f.settings().caps)
     assert (oct_.team.spent_usd, oct_.author_budget.spent_usd) == (100.0, 100.0)
-    assert month_status(store, "cy", NOV).author_budget.spent_usd == 0.0
+    assert month_status(store, "cy", NOV, f.settings().caps).author_budget.spent_usd == 0.0
 
     rows = store.month_spend("2026-11")
     assert [(r["author"], r["experiment_id"], r["attempts"], r["spent_usd"]) for r in rows] == [
@@ -114,13 +113,13 @@ def test_caps_come_from_the_environment_and_bad_values_name_the_variable(
 ) -> None:
     monkeypatch.delenv(TEAM_CAP_VAR, raising=False)
     monkeypatch.delenv(AUTHOR_CAP_VAR, raising=False)
-    assert (caps().team_usd, caps().author_usd) == (1500.0, 400.0)
+    assert (f.settings().caps.team_usd, f.settings().caps.author_usd) == (1500.0, 400.0)
     monkeypatch.setenv(AUTHOR_CAP_VAR, "250.5")
-    assert caps().author_usd == 250.5
+    assert f.settings().caps.author_usd == 250.5
     for bad in ("lots", "-3", "nan"):
         monkeypatch.setenv(TEAM_CAP_VAR, bad)
         with pytest.raises(BudgetConfigError, match=TEAM_CAP_VAR) as info:
-            caps()
+            _ = f.settings().caps
         assert info.value.variable == TEAM_CAP_VAR
 
 
@@ -151,7 +150,7 @@ def test_submit_over_the_team_budget_is_refused_with_the_numbers_and_writes_noth
     spec = edited_spec(example_dir, tmp_path, {"trial_job_budget": {"max_cost_usd": 3}})
 
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
 
     [problem] = info.value.problems
     assert problem.path == "trial_job_budget.max_cost_usd"
@@ -178,7 +177,7 @@ def test_submit_over_the_author_cap_is_refused_in_a_fresh_home_that_stays_absent
         {"author": "ana", "trial_job_budget": {"max_cost_usd": 3}, "budget": {"max_cost_usd": 75}},
     )
     with pytest.raises(SpecError) as info:
-        submit(spec, paths())
+        submit(spec, Settings.from_env())
     [problem] = info.value.problems
     assert problem.path == "budget.max_cost_usd"
     assert "author ana eval budget" in problem.message
@@ -193,9 +192,10 @@ def test_within_budget_submits_and_an_uncapped_experiment_gets_a_note(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
     capped = submit(
-        edited_spec(example_dir, tmp_path, {"trial_job_budget": {"max_cost_usd": 3}}), paths()
+        edited_spec(example_dir, tmp_path, {"trial_job_budget": {"max_cost_usd": 3}}),
+        Settings.from_env(),
     )
-    uncapped = submit(example_dir / "experiment.yaml", paths())
+    uncapped = submit(example_dir / "experiment.yaml", Settings.from_env())
     store = Store(paths())
     assert store.notes(capped.experiment_id) == []
     [note] = store.notes(uncapped.experiment_id)
@@ -209,18 +209,25 @@ def test_a_spent_budget_blocks_starts_and_refuses_even_an_uncapped_experiment(
     monkeypatch.setenv(AUTHOR_CAP_VAR, "20")
     store = f.make_store(tmp_path, monkeypatch)
     spend(store, "a1", "ana", [(NOV, 19.99)])
-    assert start_blocker(store, "ana", NOV) is None
+    assert start_blocker(store, "ana", NOV, f.settings().caps) is None
     spend(store, "a2", "ana", [(NOV, 0.01)])
     assert (
-        start_blocker(store, "ana", NOV) == "budget: author ana month 2026-11 spent 20.00 of 20.00"
+        start_blocker(store, "ana", NOV, f.settings().caps)
+        == "budget: author ana month 2026-11 spent 20.00 of 20.00"
     )
-    assert start_blocker(store, "bo", NOV) is None
+    assert start_blocker(store, "bo", NOV, f.settings().caps) is None
     spend(store, "b1", "bo", [(NOV, 10.0)])
-    assert start_blocker(store, "bo", NOV) == "budget: team month 2026-11 spent 30.00 of 30.00"
-    assert start_blocker(store, "bo", dt.datetime(2026, 12, 1, tzinfo=dt.UTC)) is None
+    assert (
+        start_blocker(store, "bo", NOV, f.settings().caps)
+        == "budget: team month 2026-11 spent 30.00 of 30.00"
+    )
+    assert (
+        start_blocker(store, "bo", dt.datetime(2026, 12, 1, tzinfo=dt.UTC), f.settings().caps)
+        is None
+    )
 
     uncapped = load_spec(example_dir / "experiment.yaml")
-    [team] = submit_problems(store, uncapped, "cy", 18, NOV)
+    [team] = submit_problems(store, uncapped, "cy", 18, NOV, f.settings())
     assert "team eval budget for 2026-11 (UTC) is spent" in team.message
     assert "projects 0" in team.message and "wait for 2026-12" in team.fix
 
@@ -230,7 +237,7 @@ def test_submit_names_a_bad_cap_variable(
 ) -> None:
     monkeypatch.setenv(AUTHOR_CAP_VAR, "four hundred")
     with pytest.raises(SpecError) as info:
-        submit(example_dir / "experiment.yaml", paths())
+        submit(example_dir / "experiment.yaml", Settings.from_env())
     assert [p.path for p in info.value.problems] == [AUTHOR_CAP_VAR]
     assert not hangar_home.exists()
 

@@ -24,7 +24,7 @@ from hangar_dagster.orchestration.sensors import drain_all
 from hangar_dagster.queue.drain import DrainWatcher
 from hangar_dagster.queue.starts import pending
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths, paths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.agents import AgentRun
 from hangar_dagster.trials.trial import InfraError, TrialRequest, _drained
 from tests.conftest import cli_env, command_agent_spec, write_spec
@@ -62,7 +62,7 @@ def agent_run(exit_code: int | None, **kw: bool) -> AgentRun:
 def test_after_its_agent_ended_by_itself_a_trial_is_not_drained(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     cancel = threading.Event()
     req = TrialRequest(exp, exp.trial_keys()[0], 1, None, "run-1", cancel=cancel)
     _drained(req)  # not set: nothing happens
@@ -171,4 +171,4 @@ def test_drain_stops_a_running_agent_and_spares_a_trial_in_verify(
     assert (kept.verify_exit_code, kept.verify_passed) == (0, True)
     grades = {(g.replicate, g.attempt): g for g in store.grades(experiment_id, all_attempts=True)}
     assert grades[(2, 1)].passed is True
-    assert not pending(load_resolved(HangarPaths(home), experiment_id), store)
+    assert not pending(load_resolved(HangarPaths(home), experiment_id), store, Settings.from_env())

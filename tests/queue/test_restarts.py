@@ -17,7 +17,7 @@ from hangar_dagster.queue.restarts import StartedMarker, close_interrupted, star
 from hangar_dagster.queue.starts import pending, record_queue_notes
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from hangar_dagster.trials.trial import RAW_PATCH, STARTED_MARKER, TrialRequest, mark_started
 from tests import factories as f
 from tests.conftest import hangar
@@ -29,7 +29,7 @@ AT = dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)
 
 @pytest.fixture
 def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
-    return submit(example_dir / "experiment.yaml", paths())
+    return submit(example_dir / "experiment.yaml", Settings.from_env())
 
 
 def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
@@ -64,7 +64,7 @@ def test_attempt_cut_off_by_a_restart_leaves_no_trace(exp: ResolvedExperiment) -
     store = Store(paths())
     gone = dead_pid()
     art = mark(exp, "plain/median/1", 1, "run-dead", gone)
-    closed = close_interrupted(exp, store, paths(), "run-now", by_process)
+    closed = close_interrupted(exp, store, Settings.from_env(), "run-now", by_process)
 
     assert [(t.trial_key, t.attempt) for t in closed] == [("plain/median/1", 1)]
     row = store.trials(exp.experiment_id, all_attempts=True)[0]
@@ -76,10 +76,10 @@ def test_attempt_cut_off_by_a_restart_leaves_no_trace(exp: ResolvedExperiment) -
     assert row.run_id == "run-dead" and row.error is not None and "run-dead" in row.error
     assert row.started_at == AT and row.finished_at >= AT
     assert (art / RAW_PATCH).read_text() == ""  # the grades asset can read it
-    retry = pending(exp, store).retries["plain/median/1"]
+    retry = pending(exp, store, f.settings()).retries["plain/median/1"]
     assert (retry.attempt, retry.retry_of, retry.counts_toward_cap) == (2, "run-dead", False)
     # closing again finds nothing to close: one record per attempt
-    assert close_interrupted(exp, store, paths(), "run-later", by_process) == []
+    assert close_interrupted(exp, store, Settings.from_env(), "run-later", by_process) == []
 
 
 def test_finished_current_and_live_attempts_are_not_closed(exp: ResolvedExperiment) -> None:
@@ -91,14 +91,14 @@ def test_finished_current_and_live_attempts_are_not_closed(exp: ResolvedExperime
     mark(exp, "plain/median/3", 1, "run-other", os.getpid())  # process still alive
     assert len(started_markers(paths(), exp.experiment_id)) == 3
 
-    assert close_interrupted(exp, store, paths(), "run-now", by_process) == []
+    assert close_interrupted(exp, store, Settings.from_env(), "run-now", by_process) == []
     assert [(t.trial_key, t.outcome_class) for t in store.trials(exp.experiment_id)] == [
         ("plain/median/1", "completed")
     ]
     # the run's status decides for a process on another host, or a run Dagster saw finish
-    assert close_interrupted(exp, store, paths(), "run-now", lambda m: False)[0].trial_key == (
-        "plain/median/3"
-    )
+    assert close_interrupted(exp, store, Settings.from_env(), "run-now", lambda m: False)[
+        0
+    ].trial_key == ("plain/median/3")
 
 
 def test_a_torn_marker_names_its_file(exp: ResolvedExperiment) -> None:
@@ -137,10 +137,12 @@ def test_queue_notes_are_written_not_only_shown(exp: ResolvedExperiment) -> None
                 finished_at=AT + dt.timedelta(minutes=10 + i),
             )
         )
-    first = record_queue_notes(exp, store)
+    first = record_queue_notes(exp, store, f.settings())
     said = sorted(n.message.split(":")[0] for n in first)
     assert said == ["no retry left for plain/median/3", "retries stopped"]
-    assert record_queue_notes(exp, store) == []  # once per distinct message, not every tick
+    assert (
+        record_queue_notes(exp, store, f.settings()) == []
+    )  # once per distinct message, not every tick
 
     for i, rep in enumerate(("skill/median/3", "plain/durations/1")):
         store.put(
@@ -153,7 +155,7 @@ def test_queue_notes_are_written_not_only_shown(exp: ResolvedExperiment) -> None
                 finished_at=AT + dt.timedelta(minutes=20 + i),
             )
         )
-    tripped = record_queue_notes(exp, store)
+    tripped = record_queue_notes(exp, store, f.settings())
     assert any(n.message.startswith("outage breaker tripped: 5 systemic") for n in tripped)
     stored = [n for n in store.notes(exp.experiment_id) if n.kind == "queue"]
     assert len(stored) == len({n.message for n in stored}) >= 3

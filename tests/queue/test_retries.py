@@ -20,12 +20,11 @@ from hangar_dagster.queue.retries import (
     breaker_note,
     evidence_class,
     experiment_retry_cap,
-    max_infra_retries,
-    outage_breaker_limit,
     outage_streak,
     plan_retries,
 )
 from hangar_dagster.results.records import GradeRecord, TrialRecord
+from hangar_dagster.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -58,19 +57,19 @@ def _ok(task: str, attempt: int = 1, minute: int = 0, **kw: Any) -> TrialRecord:
 @pytest.mark.parametrize(("raw", "want"), [(None, 2), ("", 2), ("0", 0), (" 3 ", 3)])
 def test_max_infra_retries_reads_the_environment(raw: str | None, want: int) -> None:
     env = {} if raw is None else {"HANGAR_TRIAL_INFRA_RETRIES": raw}
-    assert max_infra_retries(env) == want
+    assert Settings.from_env(env).infra_retries == want
 
 
 @pytest.mark.parametrize("raw", ["two", "1.5", "-1"])
 def test_a_bad_retry_count_names_the_variable_and_the_fix(raw: str) -> None:
     with pytest.raises(RetryConfigError, match=r"HANGAR_TRIAL_INFRA_RETRIES=.*whole number >= 0"):
-        max_infra_retries({"HANGAR_TRIAL_INFRA_RETRIES": raw})
+        _ = Settings.from_env({"HANGAR_TRIAL_INFRA_RETRIES": raw}).infra_retries
 
 
 def test_the_breaker_limit_defaults_to_5_and_refuses_0() -> None:
-    assert outage_breaker_limit({}) == 5
+    assert Settings.from_env({}).breaker_streak == 5
     with pytest.raises(RetryConfigError, match="HANGAR_OUTAGE_BREAKER_STREAK='0' is below 1"):
-        outage_breaker_limit({"HANGAR_OUTAGE_BREAKER_STREAK": "0"})
+        _ = Settings.from_env({"HANGAR_OUTAGE_BREAKER_STREAK": "0"}).breaker_streak
 
 
 @pytest.mark.parametrize(
@@ -93,12 +92,18 @@ def test_the_cap_refuses_an_experiment_without_trials() -> None:
 def test_the_second_retry_is_planned_and_the_third_is_not() -> None:
     env = {"HANGAR_TRIAL_INFRA_RETRIES": "2"}
     two = [_infra("t1", 1), _infra("t1", 2, minute=1)]
-    assert plan_retries(two, MANY, env) == plan_retries(two, MANY, env)  # deterministic
-    plan = plan_retries(two, MANY, env)
+    assert plan_retries(two, MANY, Settings.from_env(env).infra_retries) == plan_retries(
+        two, MANY, Settings.from_env(env).infra_retries
+    )  # deterministic
+    plan = plan_retries(two, MANY, Settings.from_env(env).infra_retries)
     assert plan.retries == [Retry("v/t1/1", 3, "run-v-t1-1-2", counts_toward_cap=True)]
     assert plan.notes == []
 
-    plan = plan_retries([*two, _infra("t1", 3, reason="preempted", minute=2)], MANY, env)
+    plan = plan_retries(
+        [*two, _infra("t1", 3, reason="preempted", minute=2)],
+        MANY,
+        Settings.from_env(env).infra_retries,
+    )
     assert plan.retries == []
     assert plan.notes == [
         "no retry left for v/t1/1: attempt 3 ended as infra_error / preempted "
@@ -107,24 +112,30 @@ def test_the_second_retry_is_planned_and_the_third_is_not() -> None:
 
 
 def test_zero_retries_per_key_retries_nothing() -> None:
-    plan = plan_retries([_infra("t1")], MANY, {"HANGAR_TRIAL_INFRA_RETRIES": "0"})
+    plan = plan_retries(
+        [_infra("t1")], MANY, Settings.from_env({"HANGAR_TRIAL_INFRA_RETRIES": "0"}).infra_retries
+    )
     assert plan.retries == [] and "after 0 of 0 retries" in plan.notes[0]
 
 
 def test_only_the_highest_attempt_of_a_key_is_looked_at() -> None:
     attempts = [_infra("t1", 1), _ok("t1", 2, minute=1), _ok("t2")]
-    assert plan_retries(attempts, MANY, {}).retries == []
+    assert plan_retries(attempts, MANY, Settings.from_env({}).infra_retries).retries == []
 
 
 def test_drift_is_never_retried() -> None:
-    plan = plan_retries([_infra("t1", reason="drift")], MANY, {})
+    plan = plan_retries([_infra("t1", reason="drift")], MANY, Settings.from_env({}).infra_retries)
     assert plan.retries == []
     assert plan.notes == ["drift is never retried: v/t1/1"]
 
 
 def test_attempts_of_two_experiments_or_a_repeated_attempt_are_refused() -> None:
     with pytest.raises(ValueError, match="one experiment expected, got exp-0001, exp-2"):
-        plan_retries([_infra("t1"), f.trial(experiment_id="exp-2")], MANY, {})
+        plan_retries(
+            [_infra("t1"), f.trial(experiment_id="exp-2")],
+            MANY,
+            Settings.from_env({}).infra_retries,
+        )
     with pytest.raises(ValueError, match="v/t1/1 attempt 1 is given twice"):
         outage_streak([_infra("t1"), _infra("t1")])
 
@@ -135,7 +146,7 @@ def test_attempts_of_two_experiments_or_a_repeated_attempt_are_refused() -> None
 @pytest.mark.parametrize(("planned", "allowed"), [(9, 1), (10, 1), (11, 1), (20, 2)])
 def test_the_cap_stops_retries_with_a_note(planned: int, allowed: int) -> None:
     failed = [_infra(f"t{i}", minute=i) for i in range(3)]
-    plan = plan_retries(failed, planned, {})
+    plan = plan_retries(failed, planned, Settings.from_env({}).infra_retries)
     # the earliest failures go first
     assert [r.trial_key for r in plan.retries] == [f"v/t{i}/1" for i in range(allowed)]
     blocked = ", ".join(f"v/t{i}/1" for i in range(allowed, 3))
@@ -148,7 +159,7 @@ def test_the_cap_stops_retries_with_a_note(planned: int, allowed: int) -> None:
 def test_retries_already_started_use_the_cap() -> None:
     # t0 was retried once (attempt 2 passed): that used the one retry 10 trials allow
     attempts = [_infra("t0", 1, reason="preempted"), _ok("t0", 2, minute=1), _infra("t1", minute=2)]
-    plan = plan_retries(attempts, 10, {})
+    plan = plan_retries(attempts, 10, Settings.from_env({}).infra_retries)
     assert plan.retries == []
     assert plan.notes == [
         "retries stopped: 1 of 1 allowed (10% of 10 trials, at least 1); not retried: v/t1/1"
@@ -163,7 +174,7 @@ def test_power_down_retries_are_exempt_from_the_cap() -> None:
         _infra("t1", reason="power_down", minute=2),
         _infra("t2", reason="rate_limit", minute=3),
     ]
-    plan = plan_retries(attempts, 9, {})
+    plan = plan_retries(attempts, 9, Settings.from_env({}).infra_retries)
     assert plan.retries == [Retry("v/t1/1", 2, "run-v-t1-1-1", counts_toward_cap=False)]
     assert plan.notes[0].endswith("not retried: v/t2/1")
 
@@ -174,14 +185,16 @@ def test_earlier_power_down_retries_leave_the_cap_unused() -> None:
         _ok("t0", 2, minute=1),
         _infra("t1", reason="sandbox_create", minute=2),
     ]
-    plan = plan_retries(attempts, 9, {})
+    plan = plan_retries(attempts, 9, Settings.from_env({}).infra_retries)
     assert plan.retries == [Retry("v/t1/1", 2, "run-v-t1-1-1", counts_toward_cap=True)]
 
 
 def test_control_plane_restart_retries_are_exempt_from_the_cap() -> None:
     # one restart cut off three trials of a 9-trial experiment (cap 1): all three are retried
     cut = [_infra(t, reason="control_plane_restart", minute=1) for t in ("t1", "t2", "t3")]
-    plan = plan_retries([*cut, _infra("t4", reason="preempted", minute=2)], 9, {})
+    plan = plan_retries(
+        [*cut, _infra("t4", reason="preempted", minute=2)], 9, Settings.from_env({}).infra_retries
+    )
     assert [(r.trial_key, r.counts_toward_cap) for r in plan.retries] == [
         ("v/t1/1", False),
         ("v/t2/1", False),
@@ -191,12 +204,12 @@ def test_control_plane_restart_retries_are_exempt_from_the_cap() -> None:
     assert plan.notes == []
     # ...but each still uses one of its key's retries
     again = [_infra("t1", n, reason="control_plane_restart", minute=n) for n in (1, 2, 3)]
-    assert plan_retries(again, MANY, {}).retries == []
+    assert plan_retries(again, MANY, Settings.from_env({}).infra_retries).retries == []
 
 
 def test_power_down_retries_still_count_toward_the_per_key_limit() -> None:
     drained = [_infra("t1", n, reason="power_down", minute=n) for n in (1, 2, 3)]
-    plan = plan_retries(drained, MANY, {})
+    plan = plan_retries(drained, MANY, Settings.from_env({}).infra_retries)
     assert plan.retries == [] and plan.notes[0].startswith("no retry left for v/t1/1")
 
 
@@ -223,8 +236,13 @@ def test_the_breaker_trips_at_its_limit_not_one_before() -> None:
 
 def test_the_breaker_limit_comes_from_the_environment() -> None:
     failures = [_infra(f"t{i}", minute=i) for i in range(4)]
-    assert breaker_note(failures, environ={}) is None  # 4 < 5
-    assert breaker_note(failures, environ={"HANGAR_OUTAGE_BREAKER_STREAK": "4"}) is not None
+    assert breaker_note(failures, Settings.from_env({}).breaker_streak) is None  # 4 < 5
+    assert (
+        breaker_note(
+            failures, Settings.from_env({"HANGAR_OUTAGE_BREAKER_STREAK": "4"}).breaker_streak
+        )
+        is not None
+    )
     with pytest.raises(ValueError, match="limit must be >= 1"):
         breaker_note(failures, limit=0)
 

@@ -18,13 +18,12 @@ from hangar_dagster.queue.starts import (
     blocker,
     pending,
     record_queue_notes,
-    tpm_budget,
     waiting_reason,
 )
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 
 pytestmark = pytest.mark.unit
@@ -36,7 +35,7 @@ NIGHTLY = parse_window("20:00-00:15")
 
 @pytest.fixture
 def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
-    return submit(example_dir / "experiment.yaml", paths())
+    return submit(example_dir / "experiment.yaml", Settings.from_env())
 
 
 def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRecord:
@@ -45,13 +44,13 @@ def attempt(exp: ResolvedExperiment, key: str, n: int, **kw: object) -> TrialRec
 
 def test_pending_lists_untried_keys_and_allowed_retries(exp: ResolvedExperiment) -> None:
     store = Store(paths())
-    assert len(pending(exp, store).new) == 18
+    assert len(pending(exp, store, f.settings()).new) == 18
     store.put(attempt(exp, "plain/median/1", 1))
     store.put(
         attempt(exp, "plain/median/2", 1, outcome_class="infra_error", infra_reason="preempted")
     )
     store.put(attempt(exp, "plain/median/3", 1, outcome_class="infra_error", infra_reason="drift"))
-    work = pending(exp, store)
+    work = pending(exp, store, f.settings())
     assert len(work.new) == 15
     retry = work.retries["plain/median/2"]
     assert (retry.attempt, retry.retry_of) == (2, "run-plain-median-2-1")
@@ -89,11 +88,11 @@ def test_trials_of_an_invalid_task_never_start_and_a_queue_note_says_why(
 def test_closed_window_blocks_with_reason_eval_window(exp: ResolvedExperiment) -> None:
     store = Store(paths())
     afternoon = dt.datetime(2026, 11, 29, 14, 0, tzinfo=NY)
-    why = blocker(exp, store, NIGHTLY, afternoon)
+    why = blocker(exp, store, f.settings(NIGHTLY), afternoon)
     assert why is not None and why.startswith("eval_window")
     assert "2026-11-29 20:00" in why
-    assert blocker(exp, store, NIGHTLY, AT_NIGHT) is None
-    assert blocker(exp, store, parse_window("always"), afternoon) is None
+    assert blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT) is None
+    assert blocker(exp, store, f.settings(parse_window("always")), afternoon) is None
 
 
 def test_waiting_reason_names_the_opening_schedule_during_its_grace(
@@ -101,20 +100,22 @@ def test_waiting_reason_names_the_opening_schedule_during_its_grace(
 ) -> None:
     store = Store(paths())
     opens = dt.datetime(2027, 1, 15, 20, 0, tzinfo=NY)  # after the submission (now)
-    at_two = waiting_reason(exp, store, NIGHTLY, opens.replace(hour=14))
+    at_two = waiting_reason(exp, store, f.settings(NIGHTLY), opens.replace(hour=14))
     assert at_two is not None and at_two.startswith("eval_window: ")
-    why = waiting_reason(exp, store, NIGHTLY, opens + dt.timedelta(seconds=30))
+    why = waiting_reason(exp, store, f.settings(NIGHTLY), opens + dt.timedelta(seconds=30))
     assert why == (
         "eval_window_open: the window opened at 20:00 EST; schedule "
         f"{exp.experiment_id}__eval_window_open starts these trials (the driver sensor "
         "starts them at 20:02:00 EST if it has not)"
     )
-    assert blocker(exp, store, NIGHTLY, opens) is None  # a trial may start: the grace is no block
-    assert waiting_reason(exp, store, NIGHTLY, opens + OPEN_GRACE) is None
+    assert (
+        blocker(exp, store, f.settings(NIGHTLY), opens) is None
+    )  # a trial may start: the grace is no block
+    assert waiting_reason(exp, store, f.settings(NIGHTLY), opens + OPEN_GRACE) is None
     # Submitted inside the window (the window of the night it was submitted): nothing to wait for.
     submitted = exp.submitted_at.astimezone(NY)
     inside = parse_window(f"{submitted:%H:%M}-{submitted + dt.timedelta(hours=1):%H:%M}")
-    assert waiting_reason(exp, store, inside, exp.submitted_at) is None
+    assert waiting_reason(exp, store, f.settings(inside), exp.submitted_at) is None
 
 
 def test_a_spent_budget_blocks_new_starts(
@@ -123,9 +124,9 @@ def test_a_spent_budget_blocks_new_starts(
     store = Store(paths())
     monkeypatch.setenv("HANGAR_EVAL_BUDGET_USD_MONTH", "5")
     store.put(attempt(exp, "plain/median/1", 1, cost_usd=4.0))
-    assert blocker(exp, store, NIGHTLY, AT_NIGHT) is None
+    assert blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT) is None
     store.put(attempt(exp, "plain/median/2", 1, cost_usd=1.5))
-    why = blocker(exp, store, NIGHTLY, AT_NIGHT)
+    why = blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT)
     assert why is not None and why.startswith("budget:") and "5.50 of 5.00" in why
 
 
@@ -146,7 +147,7 @@ def test_the_outage_breaker_blocks_after_a_streak(
                 finished_at=at,
             )
         )
-        why = blocker(exp, store, NIGHTLY, AT_NIGHT)
+        why = blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT)
     assert why is not None and why.startswith("outage:") and "3 systemic" in why
 
 
@@ -169,11 +170,11 @@ def test_token_throttle_waits_until_the_last_minute_is_under_budget() -> None:
 
 
 def test_tpm_budget_env_is_checked() -> None:
-    assert tpm_budget({}) is None
-    assert tpm_budget({"HANGAR_EVAL_TPM_BUDGET": "40000"}) == 40000
+    assert Settings.from_env({}).tpm_budget is None
+    assert Settings.from_env({"HANGAR_EVAL_TPM_BUDGET": "40000"}).tpm_budget == 40000
     for bad in ("lots", "0"):
         with pytest.raises(ValueError, match="HANGAR_EVAL_TPM_BUDGET"):
-            tpm_budget({"HANGAR_EVAL_TPM_BUDGET": bad})
+            _ = Settings.from_env({"HANGAR_EVAL_TPM_BUDGET": bad}).tpm_budget
 
 
 def test_eval_runs_take_at_most_half_the_run_slots_and_queue_behind_interactive_runs() -> None:

@@ -7,7 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from hangar_dagster.queue.window import EvalWindow, WindowError, parse_window, window_from_env
+from hangar_dagster.queue.window import EvalWindow, WindowError, parse_window
+from hangar_dagster.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -30,19 +31,19 @@ def utc(y: int, mo: int, d: int, h: int, mi: int = 0) -> datetime.datetime:
 
 
 def test_default_window_comes_from_an_empty_environment() -> None:
-    window = window_from_env({})
+    window = Settings.from_env({}).window
     assert (window.start, window.end) == (datetime.time(20, 0), datetime.time(0, 15))
     assert window.describe() == "20:00-00:15 America/New_York"
     assert not window.always
     # Set-but-empty variables (as compose files pass them) take the defaults too.
-    assert window_from_env({"HANGAR_EVAL_WINDOW": " ", "HANGAR_EVAL_TZ": ""}) == window
+    assert Settings.from_env({"HANGAR_EVAL_WINDOW": " ", "HANGAR_EVAL_TZ": ""}).window == window
 
 
 @pytest.mark.parametrize(
     ("day", "offset_hours"), [((2026, 1, 15), -5), ((2026, 7, 15), -4)], ids=["winter", "summer"]
 )
 def test_default_window_in_winter_and_summer(day: tuple[int, int, int], offset_hours: int) -> None:
-    window = window_from_env({})
+    window = Settings.from_env({}).window
     y, m, d = day
     opens, closes = ny(y, m, d, 20), ny(y, m, d + 1, 0, 15)
     assert opens.utcoffset() == datetime.timedelta(hours=offset_hours)
@@ -56,7 +57,7 @@ def test_default_window_in_winter_and_summer(day: tuple[int, int, int], offset_h
 
 
 def test_opens_at_is_the_start_of_the_window_containing_an_instant() -> None:
-    window = window_from_env({})
+    window = Settings.from_env({}).window
     opens = ny(2026, 7, 15, 20)
     assert window.opens_at(opens) == opens
     assert window.opens_at(ny(2026, 7, 16, 0, 14)) == opens  # after midnight, same window
@@ -68,7 +69,7 @@ def test_opens_at_is_the_start_of_the_window_containing_an_instant() -> None:
 
 
 def test_submitted_at_two_in_the_afternoon_waits_for_eight() -> None:
-    window = window_from_env({})
+    window = Settings.from_env({}).window
     afternoon = ny(2026, 1, 15, 14)
     assert not window.is_open(afternoon)
     assert window.closes_at(afternoon) is None
@@ -148,15 +149,17 @@ def test_ambiguous_end_compares_instants_not_wall_times() -> None:
 
 
 def test_other_zone_and_case_insensitive_always() -> None:
-    window = window_from_env({"HANGAR_EVAL_WINDOW": "09:00-17:30", "HANGAR_EVAL_TZ": "UTC"})
+    window = Settings.from_env(
+        {"HANGAR_EVAL_WINDOW": "09:00-17:30", "HANGAR_EVAL_TZ": "UTC"}
+    ).window
     assert window.describe() == "09:00-17:30 UTC"
     assert window.is_open(utc(2026, 1, 15, 9)) and not window.is_open(utc(2026, 1, 15, 17, 30))
     assert window.next_open(ny(2026, 1, 15, 14)) == utc(2026, 1, 16, 9)  # 19:00 UTC: after 17:30
-    assert window_from_env({"HANGAR_EVAL_WINDOW": " Always "}).always
+    assert Settings.from_env({"HANGAR_EVAL_WINDOW": " Always "}).window.always
 
 
 def test_always_is_open_at_every_instant() -> None:
-    window = window_from_env({"HANGAR_EVAL_WINDOW": "always"})
+    window = Settings.from_env({"HANGAR_EVAL_WINDOW": "always"}).window
     assert window.always and window.describe() == "always"
     for at in (ny(2026, 1, 15, 14), ny(2027, 3, 14, 3), ny(2026, 11, 1, 1, 30, fold=1)):
         assert window.is_open(at)
@@ -177,7 +180,7 @@ def test_always_is_open_at_every_instant() -> None:
 )
 def test_bad_window_values_say_what_to_write(value: str, expected: str) -> None:
     with pytest.raises(WindowError) as err:
-        window_from_env({"HANGAR_EVAL_WINDOW": value})
+        _ = Settings.from_env({"HANGAR_EVAL_WINDOW": value}).window
     assert expected in str(err.value)
     assert "always" in str(err.value)
 
@@ -185,14 +188,14 @@ def test_bad_window_values_say_what_to_write(value: str, expected: str) -> None:
 @pytest.mark.parametrize("value", ["Mars/Olympus_Mons", "../../etc/passwd", "EST+5"])
 def test_bad_time_zones_say_what_to_write(value: str) -> None:
     with pytest.raises(WindowError) as err:
-        window_from_env({"HANGAR_EVAL_TZ": value})
+        _ = Settings.from_env({"HANGAR_EVAL_TZ": value}).window
     message = str(err.value)
     assert message.startswith(f"HANGAR_EVAL_TZ={value!r}: not a known time zone")
     assert "America/New_York" in message
 
 
 def test_naive_datetimes_are_refused() -> None:
-    window = window_from_env({})
+    window = Settings.from_env({}).window
     naive = datetime.datetime(2026, 1, 15, 20)  # noqa: DTZ001 - the point of the test
     for method in (window.is_open, window.next_open, window.opens_at, window.closes_at):
         with pytest.raises(ValueError, match="needs a timezone-aware datetime"):

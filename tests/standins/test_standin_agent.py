@@ -16,6 +16,7 @@ import yaml
 
 from hangar_dagster.experiment.drift import check_drift, harness_fingerprint
 from hangar_dagster.experiment.harness import HarnessLock, freeze, tree_digest
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import (
     MAX_RAW_EVENTS,
     StandinAgent,
@@ -265,6 +266,7 @@ def context(tmp_path: Path, lock: HarnessLock, clone: Path, seed: str) -> AgentC
         sandbox=sandbox,
         network=False,
         out_dir=tmp_path / "agent-out",
+        settings=Settings.from_env(),
     )
 
 

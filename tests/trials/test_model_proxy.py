@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from hangar_dagster.experiment.harness import freeze
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext
 from hangar_dagster.trials.model_proxy import (
@@ -73,6 +74,7 @@ def context(tmp_path: Path, backend: str = "bwrap") -> AgentContext:
         sandbox=get_sandbox(backend),
         network=False,
         out_dir=tmp_path / "agent-out",
+        settings=Settings.from_env(),
     )
 
 
@@ -196,13 +198,13 @@ def test_an_unreachable_upstream_is_a_502_and_logged(
 
 
 def test_upstream_url_names_the_variable_to_fix() -> None:
-    assert upstream_url("anthropic", {}) == "https://api.anthropic.com"
+    assert upstream_url("anthropic", Settings.from_env({})) == "https://api.anthropic.com"
     assert (
-        upstream_url("openai", {"HANGAR_OPENAI_BASE_URL": "http://127.0.0.1:9/"})
+        upstream_url("openai", Settings.from_env({"HANGAR_OPENAI_BASE_URL": "http://127.0.0.1:9/"}))
         == "http://127.0.0.1:9"
     )
     with pytest.raises(ModelAccessError, match="HANGAR_ANTHROPIC_BASE_URL"):
-        upstream_url("anthropic", {"HANGAR_ANTHROPIC_BASE_URL": "ftp://x"})
+        upstream_url("anthropic", Settings.from_env({"HANGAR_ANTHROPIC_BASE_URL": "ftp://x"}))
 
 
 def test_long_bodies_keep_their_head_and_their_tail() -> None:

@@ -20,7 +20,7 @@ from hangar_dagster.experiment.plan import (
 )
 from hangar_dagster.experiment.spec import Environment, ExperimentSpec
 from hangar_dagster.results.records import TrialRecord
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import MASK
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.gitfixtures import Upstream
@@ -47,6 +47,11 @@ def paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HangarPaths:
     home = tmp_path / "hangar-home"
     monkeypatch.setenv("HANGAR_HOME", str(home))
     return HangarPaths(home)
+
+
+def settings() -> Settings:
+    """The settings of the test's environment (its HANGAR_HOME), read now."""
+    return Settings.from_env()
 
 
 def experiment(
@@ -123,7 +128,7 @@ def experiment(
 
 
 def trial(exp: ResolvedExperiment, paths: HangarPaths, attempt: int = 1) -> tuple[TrialRecord, str]:
-    record, patch = run_trial(TrialRequest(exp, KEY, attempt, None, "run-1"), paths)
+    record, patch = run_trial(TrialRequest(exp, KEY, attempt, None, "run-1"), settings())
     assert list(paths.work.iterdir()) == []  # the scratch dir is gone, whatever the outcome
     return record, patch
 
@@ -325,7 +330,7 @@ def test_attempts_get_their_own_artifacts(
 ) -> None:
     exp = experiment(tmp_path, upstream, FIX)
     first, _ = trial(exp, paths, attempt=1)
-    second, _ = run_trial(TrialRequest(exp, KEY, 2, "run-1", "run-2"), paths)
+    second, _ = run_trial(TrialRequest(exp, KEY, 2, "run-1", "run-2"), settings())
     assert first.artifacts_dir != second.artifacts_dir
     assert (
         Path(first.artifacts_dir, "patch.diff").is_file()

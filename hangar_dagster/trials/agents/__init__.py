@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar_dagster.experiment.harness import HarnessLock
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox import Sandbox
 
 # Every adapter's agent, and the trial's build and verify steps, run Python with these: no
@@ -38,6 +39,7 @@ class AgentContext:
     sandbox: Sandbox
     network: bool
     out_dir: Path  # host-side scratch for the adapter (not visible to the agent)
+    settings: Settings  # the operator's: where agent CLIs are, the provider endpoints and keys
     env: dict[str, str] = field(default_factory=dict)  # extra variables (API endpoints)
     # Set by the end-of-window drain or the trial budget; adapters pass it as SandboxRequest.cancel.
     cancel: threading.Event = field(default_factory=threading.Event)

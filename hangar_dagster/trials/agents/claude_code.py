@@ -450,7 +450,7 @@ class ClaudeCodeAgent(Agent):
     name = ADAPTER
 
     def run(self, ctx: AgentContext) -> AgentRun:
-        binary = find_cli(CLI, INSTALL_HINT)
+        binary = find_cli(CLI, INSTALL_HINT, ctx.settings.agent_bin_dir)
         home = scratch_dir(ctx.out_dir / "home")
         # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/;
         # plugins/ beside them loads only through argv_for's --plugin-dir.

@@ -465,7 +465,7 @@ class CodexAgent(Agent):
 
     def run(self, ctx: AgentContext) -> AgentRun:
         check_approvals(ctx)
-        binary = find_cli(CLI, INSTALL_HINT)
+        binary = find_cli(CLI, INSTALL_HINT, ctx.settings.agent_bin_dir)
         home = scratch_dir(ctx.out_dir / "home")
         codex_home = home / CODEX_DIR
         # Where Codex reads a user's global instructions and skills: CODEX_HOME/AGENTS.md, skills/

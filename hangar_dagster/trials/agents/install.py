@@ -20,19 +20,18 @@ import sys
 from pathlib import Path
 
 from hangar_dagster.experiment.harness import HarnessError, tree_digest
+from hangar_dagster.settings import AGENT_BIN_DIR_VAR as BIN_DIR_VAR
 from hangar_dagster.trials.agents import AgentContext
 from hangar_dagster.trials.sandbox import Mount
 from hangar_dagster.trials.sandbox._common import SYSTEM_DIRS
 
-BIN_DIR_VAR = "HANGAR_AGENT_BIN_DIR"
 
+def find_cli(binary: str, install_hint: str, bin_dir: str | None) -> Path:
+    """``<bin_dir>/<binary>``, else ``binary`` on PATH; the error says how to install it.
 
-def find_cli(binary: str, install_hint: str, env_var: str = BIN_DIR_VAR) -> Path:
-    """``$<env_var>/<binary>``, else ``binary`` on PATH; the error says how to install it.
-
-    ``install_hint`` is the install command, e.g. ``npm install @openai/codex@<version>``.
+    ``bin_dir`` is ``Settings.agent_bin_dir`` (``HANGAR_AGENT_BIN_DIR``); ``install_hint`` is
+    the install command, e.g. ``npm install @openai/codex@<version>``.
     """
-    bin_dir = os.environ.get(env_var)
     found = (
         str(Path(bin_dir) / binary)
         if bin_dir and (Path(bin_dir) / binary).is_file()
@@ -40,7 +39,7 @@ def find_cli(binary: str, install_hint: str, env_var: str = BIN_DIR_VAR) -> Path
     )
     if found is None:
         raise HarnessError(
-            f"the {binary!r} CLI is not installed here: put it on PATH or set {env_var} to "
+            f"the {binary!r} CLI is not installed here: put it on PATH or set {BIN_DIR_VAR} to "
             f"its directory ({install_hint})"
         )
     return Path(os.path.abspath(found))

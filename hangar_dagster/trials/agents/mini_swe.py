@@ -397,7 +397,7 @@ class MiniSweAgent(Agent):
 
     def run(self, ctx: AgentContext) -> AgentRun:
         config = base_config(ctx)  # the lock's settings are checked before anything runs
-        binary = find_cli(BINARY, INSTALL_HINT)
+        binary = find_cli(BINARY, INSTALL_HINT, ctx.settings.agent_bin_dir)
         mounts = venv_mounts(binary, INSTALL_HINT)
         scratch = {name: scratch_dir(ctx.out_dir / name) for name in ("in", "out", "home")}
         with model_access("openai", ctx) as access:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from hangar_dagster.experiment.harness import HarnessLock, freeze
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import AgentContext
 from hangar_dagster.trials.sandbox import get_sandbox
 
@@ -60,6 +61,7 @@ def cli_context(
         "sandbox": get_sandbox("bwrap"),
         "network": False,
         "out_dir": tmp_path / "agent-out",
+        "settings": Settings.from_env(),  # read now: the test's HANGAR_AGENT_BIN_DIR and URLs
     }
     return AgentContext(**(values | fields))
 

@@ -20,7 +20,7 @@ from hangar_dagster.experiment.harness import HarnessLock, freeze, tree_digest
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import get_agent
 from hangar_dagster.trials.agents.claude_code import ClaudeCodeAgent, StreamJson, argv_for
@@ -365,14 +365,16 @@ def test_real_claude_code_reporting_other_than_pinned_drifts(
     lock = make_lock(tmp_path, "claude-drift", version=lock_version)
     name = f"claude-drift-{lock_version.replace('.', '-')}"
     spec = median_spec(example_dir, tmp_path, name, {"drift": lock}, 4096)
-    exp = submit(write_spec(example_dir, spec), paths())
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
     script = Script([Reply(text="Nothing to change.", model=reported_model)])
     monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     with ScriptedEndpoint(script, MODEL) as endpoint:
         monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)
-        record, _patch = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), paths())
+        record, _patch = run_trial(
+            TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env()
+        )
     assert script.consumed == 1  # the CLI ran and took its scripted answer
     assert (record.outcome_class, record.infra_reason) == ("infra_error", "drift"), record.error
     assert record.drift == summary
@@ -384,5 +386,7 @@ def test_real_claude_code_reporting_other_than_pinned_drifts(
     # Never retried: running it again would not run what was pinned either.
     store = Store(paths())
     store.put(record)
-    plan = plan_retries(store.trials(record.experiment_id, all_attempts=True), 1)
+    plan = plan_retries(
+        store.trials(record.experiment_id, all_attempts=True), 1, Settings.from_env().infra_retries
+    )
     assert plan.retries == [] and plan.notes == [f"drift is never retried: {record.trial_key}"]

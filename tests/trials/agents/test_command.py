@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, freeze, tree_digest
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import AgentContext, get_agent
 from hangar_dagster.trials.agents.command import CommandAgent
 from hangar_dagster.trials.sandbox import get_sandbox
@@ -71,6 +72,7 @@ def context(
         sandbox=get_sandbox("bwrap"),
         network=False,
         out_dir=tmp_path / "agent-out",
+        settings=Settings.from_env(),
         env=dict(env),
     )
 

@@ -13,7 +13,7 @@ import pytest
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.retries import plan_retries
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import AgentContext
 from hangar_dagster.trials.agents.command import CommandAgent
 from hangar_dagster.trials.agents.live import MAX_LINE, LiveUsage
@@ -51,6 +51,7 @@ def _ctx(
         sandbox=get_sandbox("bwrap"),
         network=False,
         out_dir=tmp_path / "out",
+        settings=Settings.from_env(),
         max_cost_usd=cap,
     )
 
@@ -139,12 +140,12 @@ def test_a_trial_past_its_budget_ends_budget_exceeded_keeps_its_patch_and_is_not
     command = f"echo '# partial work' >> stats.py; {SPENDER}"
     spec = command_agent_spec(example_dir, tmp_path, "spender", command)
     spec["trial_job_budget"] = {"max_cost_usd": 0.35}
-    exp = submit(write_spec(example_dir, spec), paths())
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
-    record, patch = run_trial(TrialRequest(exp, key, 1, None, "run-live"), paths())
+    record, patch = run_trial(TrialRequest(exp, key, 1, None, "run-live"), Settings.from_env())
     assert record.outcome_class == "budget_exceeded", record.error
     assert record.infra_reason is None and record.trace["budget_stopped"] is True
     assert record.duration_s < 30
     assert "# partial work" in patch and record.changed_files == ["stats.py"]
     assert 0.35 < record.cost_usd < 1.5
-    assert plan_retries([record], 1).retries == []
+    assert plan_retries([record], 1, Settings.from_env().infra_retries).retries == []
