@@ -16,6 +16,8 @@ from hangar_dagster.queue.retries import RetryConfigError
 from hangar_dagster.queue.window import WindowError
 from hangar_dagster.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 KEY = "sk-ant-" + "k" * 24
 DOCS = Path(__file__).parents[1] / "docs" / "operations.md"
 
@@ -90,6 +92,7 @@ def test_a_bad_value_fails_where_it_is_used_naming_its_variable() -> None:
     assert s.breaker_streak == 5
 
 
+@pytest.mark.integration  # a real dg.materialize
 def test_the_resource_carries_the_settings_and_the_keys_only_as_env_vars(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

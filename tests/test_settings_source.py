@@ -13,7 +13,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import hangar_dagster
+
+pytestmark = pytest.mark.unit
 
 PACKAGE = Path(hangar_dagster.__file__).parent
 PREFIX = "HANGAR_"

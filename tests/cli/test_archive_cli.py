@@ -13,7 +13,8 @@ import pytest
 
 from hangar_dagster.experiment.catalog import ARCHIVED
 from hangar_dagster.orchestration.definitions import build_definitions
-from hangar_dagster.settings import ensure_dagster_home, paths
+from hangar_dagster.orchestration.instance import ensure_dagster_home
+from hangar_dagster.settings import Settings, paths
 from tests.conftest import command_agent_spec, hangar, write_spec
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ def listed(home: Path, *flags: str) -> dict[str, dict[str, Any]]:
 
 def loaded_experiments() -> set[str]:
     """The experiment ids whose assets the definitions load, as the webserver would."""
-    defs = build_definitions()
+    defs = build_definitions(Settings.from_env())
     dg.Definitions.validate_loadable(defs)
     return {k.path[0] for k in defs.resolve_all_asset_keys()}
 
@@ -137,7 +138,7 @@ def test_archive_refuses_beside_a_run_in_flight_even_forced_and_list_says_runnin
     sub = hangar("experiment", "run", str(spec), home=hangar_home)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     eid = submitted_id(sub.stdout)
-    ensure_dagster_home()  # the CLI's instance: $HANGAR_HOME/dagster
+    ensure_dagster_home(Settings.from_env())  # the CLI's instance: $HANGAR_HOME/dagster
     run_id = str(uuid.uuid4())
     with dg.DagsterInstance.get() as instance:
         instance.add_run(

@@ -18,7 +18,7 @@ from hangar_dagster.experiment.catalog import (
 )
 from hangar_dagster.experiment.submit import RESOLVED, submit
 from hangar_dagster.results.records import utcnow
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +32,8 @@ def archive(experiment_id: str) -> Archived:
 def test_archived_experiments_leave_the_active_list_and_come_back(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    a = submit(example_dir / "experiment.yaml", paths())
-    b = submit(example_dir / "experiment.yaml", paths())
+    a = submit(example_dir / "experiment.yaml", Settings.from_env())
+    b = submit(example_dir / "experiment.yaml", Settings.from_env())
     assert [e.experiment_id for e in active_experiments(paths())] == [
         a.experiment_id,
         b.experiment_id,
@@ -60,8 +60,8 @@ def test_archived_experiments_leave_the_active_list_and_come_back(
 
 def test_an_archived_resolved_json_is_never_parsed(example_dir: Path, hangar_home: Path) -> None:
     """Loading the definitions must not read the archived experiments' specs (docs/performance.md)."""
-    a = submit(example_dir / "experiment.yaml", paths())
-    b = submit(example_dir / "experiment.yaml", paths())
+    a = submit(example_dir / "experiment.yaml", Settings.from_env())
+    b = submit(example_dir / "experiment.yaml", Settings.from_env())
     archive(a.experiment_id)
     resolved = paths().experiment_dir(a.experiment_id) / RESOLVED
     resolved.write_text("{ not json")  # parsing it would raise

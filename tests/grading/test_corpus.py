@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from hangar_dagster.grading.by_hand import grade_by_hand, read_patch_file
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import Settings
 from hangar_dagster.util.gitrepo import git
 from tests.conftest import CORPUS, EXAMPLE
 
@@ -128,7 +128,7 @@ def grade(
         spec_dir = tmp_path_factory.mktemp(task_id[:40])
         spec = spec_for(TASKS[task_id], spec_dir)
         patch = read_patch_file(spec_dir / "reference.diff") if which == "reference" else ""
-        home = HangarPaths(spec_dir / "home")
+        home = Settings.from_env({"HANGAR_HOME": str(spec_dir / "home")})
         graded[task_id, which] = grade_by_hand(spec, task_id, patch, home)
     return graded[task_id, which]
 

@@ -27,7 +27,7 @@ from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import job_name, stage_tags
 from hangar_dagster.queue.starts import pending
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests.conftest import hangar, write_spec
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def invalid_spec(example_dir: Path) -> Path:
 
 @pytest.fixture
 def invalid_slugify(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
-    return submit(invalid_spec(example_dir), paths())
+    return submit(invalid_spec(example_dir), Settings.from_env())
 
 
 def definitions(exp: ResolvedExperiment, home: Path) -> dg.Definitions:
@@ -172,10 +172,10 @@ def test_an_invalid_task_is_red_its_trials_never_start_and_grades_are_checked(
     }
 
     # Its trials never start: the queue leaves slugify out and the trials run starts median only.
-    assert [k.key for k in pending(exp, store).keys] == ["plain/median/1"]
+    assert [k.key for k in pending(exp, store, Settings.from_env()).keys] == ["plain/median/1"]
     assert run(defs, exp, "trials", instance).success
     assert [t.trial_key for t in store.trials(exp.experiment_id)] == ["plain/median/1"]
-    assert not pending(exp, store)
+    assert not pending(exp, store, Settings.from_env())
 
     grades = dg.AssetKey([exp.experiment_id, "grades"])
     trials_def = defs.resolve_assets_def(grades).partitions_def

@@ -26,7 +26,7 @@ import pytest
 
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.definitions import build_definitions
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -125,8 +125,8 @@ def example_defs(
     monkeypatch.setenv("USER", "snapshot")  # the spec's author, when the spec names none
     monkeypatch.setenv("HANGAR_EVAL_WINDOW", "22:00-06:00")
     monkeypatch.setenv("HANGAR_EVAL_TZ", "Europe/Berlin")
-    exp = submit(example_dir / "experiment.yaml", paths())
-    defs = build_definitions()
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    defs = build_definitions(Settings.from_env())
     dg.Definitions.validate_loadable(defs)
     return defs, exp.experiment_id
 

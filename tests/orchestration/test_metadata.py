@@ -16,7 +16,7 @@ from hangar_dagster.orchestration import metadata as md
 from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.results.summary import IndexSummary
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.stage import TrialPartition
 from tests import factories as f
 
@@ -128,7 +128,7 @@ def test_index_metadata_is_a_table_with_a_schema(tmp_path: Path) -> None:
 def test_the_author_is_an_owner_dagster_accepts(
     example_dir: Path, hangar_home: Path, author: str, owner: str
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     exp = exp.model_copy(update={"author": author})
     defs = dg.Definitions(
         assets=build_experiment_assets(exp),
@@ -142,7 +142,7 @@ def test_the_author_is_an_owner_dagster_accepts(
 def test_a_materialization_records_the_pin_sets_and_typed_metadata(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             build_experiment_assets(exp),

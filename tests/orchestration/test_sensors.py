@@ -202,7 +202,7 @@ def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_task
         stage_run(instance, queued, "base_checks", dg.DagsterRunStatus.FAILURE)
         # Failed before every task was checked: a person looks before anything else starts.
         store.put(f.base_check("median", experiment_id=queued.experiment_id))
-        assert decide(instance, paths(), NIGHTLY, now).requests == []
+        assert decide(instance, f.settings(NIGHTLY), now).requests == []
         # Every task checked, slugify invalid: the run failed on its blocking check alone.
         store.put(f.base_check("durations", experiment_id=queued.experiment_id))
         store.put(
@@ -214,6 +214,6 @@ def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_task
                 reason="hidden tests pass on base",
             )
         )
-        assert [r.run_key for r in decide(instance, paths(), NIGHTLY, now).requests] == [
+        assert [r.run_key for r in decide(instance, f.settings(NIGHTLY), now).requests] == [
             f"{queued.experiment_id}:trials:1"
         ]

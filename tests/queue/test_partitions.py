@@ -15,7 +15,7 @@ from hangar_dagster.queue.partitions import (
     PartitionPlan,
     plan_partitions,
 )
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ OUTSIDE = TrialKey("skill", "slugify", 1)  # skill runs only median below
 @pytest.fixture
 def exp(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
     """The example with its skill variant narrowed to the median task."""
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     skill = exp.variants["skill"].model_copy(update={"tasks": ("median",)})
     return exp.model_copy(update={"variants": {**exp.variants, "skill": skill}})
 

@@ -76,13 +76,13 @@ def test_trials_of_an_invalid_task_never_start_and_a_queue_note_says_why(
     store.put(
         attempt(exp, "plain/median/1", 1, outcome_class="infra_error", infra_reason="preempted")
     )
-    work = pending(exp, store)
+    work = pending(exp, store, Settings.from_env())
     assert len(work.new) == 12 and not work.retries
     assert {k.task for k in work.keys} == {"slugify", "durations"}
     note = "trials of invalid tasks are not started: median (hidden tests pass on base)"
     assert note in work.notes
-    assert [n.message for n in record_queue_notes(exp, store)] == [note]
-    assert record_queue_notes(exp, store) == []  # stored once
+    assert [n.message for n in record_queue_notes(exp, store, Settings.from_env())] == [note]
+    assert record_queue_notes(exp, store, Settings.from_env()) == []  # stored once
 
 
 def test_closed_window_blocks_with_reason_eval_window(exp: ResolvedExperiment) -> None:

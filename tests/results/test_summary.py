@@ -11,7 +11,7 @@ from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.store import Store
 from hangar_dagster.results.summary import summarize
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 
 pytestmark = pytest.mark.unit
@@ -22,8 +22,8 @@ NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC)
 def test_a_fresh_experiment_has_everything_pending_and_nothing_waiting(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
-    got = summarize(exp, Store(paths()), parse_window("always"), NOW)
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    got = summarize(exp, Store(paths()), f.settings(parse_window("always")), NOW)
     assert (got.variants, got.trial_keys, got.pending_trials) == ([], 0, 18)
     assert (got.waiting_for, got.queue_notes, got.graded, got.passed) == (None, [], 0, 0)
     assert got.invalid_tasks == [] and got.duckdb == paths().duckdb
@@ -32,7 +32,7 @@ def test_a_fresh_experiment_has_everything_pending_and_nothing_waiting(
 def test_summary_counts_stored_trials_and_grades_and_names_invalid_tasks(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     store = Store(paths())
     eid = exp.experiment_id
     for variant, passed in (("plain", False), ("skill", True)):
@@ -41,7 +41,7 @@ def test_summary_counts_stored_trials_and_grades_and_names_invalid_tasks(
         )
         store.put(f.grade(variant, "median", passed=passed, experiment_id=eid))
     store.put(f.base_check("durations", experiment_id=eid, invalid=True, reason="passes on base"))
-    got = summarize(exp, store, parse_window("always"), NOW)
+    got = summarize(exp, store, f.settings(parse_window("always")), NOW)
     assert [(v["variant"], v["trials"], v["graded"], v["passed"]) for v in got.variants] == [
         ("plain", 1, 1, 0),
         ("skill", 1, 1, 1),
@@ -52,7 +52,7 @@ def test_summary_counts_stored_trials_and_grades_and_names_invalid_tasks(
 
 
 def test_pending_trials_say_they_wait_for_the_window(example_dir: Path, hangar_home: Path) -> None:
-    exp = submit(example_dir / "experiment.yaml", paths())
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
     closed = parse_window("22:00-23:00", "UTC")
-    got = summarize(exp, Store(paths()), closed, NOW)
+    got = summarize(exp, Store(paths()), f.settings(closed), NOW)
     assert got.waiting_for is not None and got.waiting_for.startswith("eval_window: ")

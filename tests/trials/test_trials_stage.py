@@ -15,8 +15,9 @@ from hangar_dagster.queue.partitions import NOT_IN_VARIANT
 from hangar_dagster.queue.restarts import StartedMarker
 from hangar_dagster.queue.window import EvalWindow, parse_window
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
 from hangar_dagster.trials.stage import TrialPartition, run_trials
+from tests import factories as f
 from tests.conftest import write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
@@ -47,7 +48,7 @@ def median_only(example_dir: Path, name: str) -> ResolvedExperiment:
     """The example on its median task, one trial per variant (two trial keys)."""
     spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
     spec.update(name=name, trials=1, tasks=[t for t in spec["tasks"] if t["id"] == "median"])
-    return submit(write_spec(example_dir, spec), paths())
+    return submit(write_spec(example_dir, spec), Settings.from_env())
 
 
 def stage(
@@ -60,11 +61,9 @@ def stage(
     return run_trials(
         exp,
         Store(paths()),
-        paths(),
+        f.settings(window),
         run_id,
         keys,
-        window=window,
-        tpm_budget=None,
         in_flight=never_in_flight,
         log=log,
     )
