@@ -81,62 +81,65 @@ def _join(path: str, key: object) -> str:
 
 class _Checker:
     def __init__(self) -> None:
-        self.sizes: dict[int, int] = {}
+        self.seen: dict[int, tuple[int, int]] = {}  # node -> (values, height), aliases expanded
         self.open: set[int] = set()
 
-    def size(self, node: Node, path: str, depth: int) -> int:
-        """Values under ``node``, aliases counted each time they are used."""
+    def check(self, node: Node, path: str, depth: int) -> tuple[int, int]:
+        """Values under ``node`` and its height, each alias counted where it is used."""
         where = path or "(top level)"
-        if depth > MAX_DEPTH:
-            raise YAMLRefusal(
-                where,
-                f"nested deeper than {MAX_DEPTH} levels once aliases are expanded",
-                "write the values out instead of nesting aliases",
-            )
         if node.tag not in ALLOWED_TAGS:
             raise YAMLRefusal(
                 where,
                 f"the tag {node.tag!r} (line {_line(node)}) is not allowed in a spec",
                 "remove the tag: a spec holds plain strings, numbers, lists and mappings",
             )
-        if id(node) in self.sizes:
-            n = self.sizes[id(node)]
-        elif id(node) in self.open:
+        if id(node) in self.open:
             raise YAMLRefusal(
                 where,
                 f"a recursive alias (line {_line(node)}): the value contains itself",
                 "write the values out",
             )
-        else:
+        if id(node) not in self.seen:
             self.open.add(id(node))
-            n = 1
-            if isinstance(node, SequenceNode):
-                for i, child in enumerate(node.value):
-                    n += self.size(child, _join(path, i), depth + 1)
-            elif isinstance(node, MappingNode):
-                seen: dict[tuple[str, str], Node] = {}
-                for key, value in node.value:
-                    label: object = key.value if isinstance(key, ScalarNode) else "?"
-                    if isinstance(key, ScalarNode) and key.tag != _CORE + "merge":
-                        first = seen.setdefault((key.tag, key.value), key)
-                        if first is not key:
-                            raise YAMLRefusal(
-                                _join(path, label),
-                                f"duplicate key {key.value!r} at lines {_line(first)} and "
-                                f"{_line(key)}",
-                                "keep one of them; YAML would silently use the last",
-                            )
-                    n += self.size(key, path, depth + 1)
-                    n += self.size(value, _join(path, label), depth + 1)
+            self.seen[id(node)] = self._children(node, path, depth)
             self.open.discard(id(node))
-            self.sizes[id(node)] = n
+        n, height = self.seen[id(node)]
+        if depth + height > MAX_DEPTH:  # an alias can carry a deep value deeper still
+            raise YAMLRefusal(
+                where,
+                f"nested deeper than {MAX_DEPTH} levels once aliases are expanded",
+                "write the values out instead of nesting aliases",
+            )
         if n > MAX_NODES:
             raise YAMLRefusal(
                 where,
                 f"expands to more than {MAX_NODES} values (aliases of aliases: a YAML bomb?)",
                 "write the spec without nested aliases",
             )
-        return n
+        return n, height
+
+    def _children(self, node: Node, path: str, depth: int) -> tuple[int, int]:
+        pairs: list[tuple[Node, str]] = []
+        if isinstance(node, SequenceNode):
+            pairs = [(child, _join(path, i)) for i, child in enumerate(node.value)]
+        elif isinstance(node, MappingNode):
+            seen: dict[tuple[str, str], Node] = {}
+            for key, value in node.value:
+                label = key.value if isinstance(key, ScalarNode) else "?"
+                if isinstance(key, ScalarNode) and key.tag != _CORE + "merge":
+                    if (first := seen.get((key.tag, key.value))) is not None:
+                        raise YAMLRefusal(
+                            _join(path, label),
+                            f"duplicate key {key.value!r} at lines {_line(first)} and {_line(key)}",
+                            "keep one of them; YAML would silently use the last",
+                        )
+                    seen[(key.tag, key.value)] = key
+                pairs += [(key, path), (value, _join(path, label))]
+        n, height = 1, 0
+        for child, where in pairs:
+            m, h = self.check(child, where, depth + 1)
+            n, height = n + m, max(height, h + 1)
+        return n, height
 
 
 def load_yaml(text: str) -> Any:
@@ -146,7 +149,7 @@ def load_yaml(text: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _Checker().size(node, "", 0)
+        _Checker().check(node, "", 0)
         try:
             return loader.construct_document(node)
         except ValueError as err:  # e.g. an integer of more than 4300 digits

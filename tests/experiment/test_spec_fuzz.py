@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import hangar
 from typer.testing import CliRunner
 
 from hangar_dagster.cli.main import app
@@ -33,6 +32,7 @@ from hangar_dagster.experiment.spec import (
     json_schema,
 )
 from hangar_dagster.experiment.spec_yaml import MAX_ALIASES, MAX_DEPTH
+from tests.conftest import hangar
 
 pytestmark = pytest.mark.unit
 
@@ -462,6 +462,17 @@ def _bomb(spec: Spec, _: Path) -> str:
     for i in range(1, 9):
         lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
     return yaml.safe_dump(spec) + "\n".join(lines) + "\n"
+
+
+@case("yaml-deep-alias-chain", "nested deeper")
+def _alias_chain(spec: Spec, _: Path) -> str:
+    lines = ["a0: &a0 [x]"] + [f"a{i}: &a{i} [*a{i - 1}]" for i in range(1, MAX_DEPTH + 8)]
+    return yaml.safe_dump(spec) + "\n".join(lines) + "\n"
+
+
+@case("yaml-duplicate-alias-keys", "duplicate key")
+def _alias_keys(spec: Spec, _: Path) -> str:
+    return yaml.safe_dump(spec) + "k: &k colour\nmore:\n  *k : 1\n  *k : 2\n"
 
 
 @case("yaml-recursive-alias", "recursive alias")
