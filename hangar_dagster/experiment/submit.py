@@ -108,7 +108,7 @@ def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]
         problems.append(
             Problem(path=f"{where}.hidden_tests", message=f"{root} holds no files", fix=fix)
         )
-    return files
+    return dict(sorted(files.items(), key=lambda kv: kv[0].split("/")))  # as paths sort
 
 
 def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Problem]) -> str | None:
