@@ -9,14 +9,55 @@ refused spec. ``experiment.schema.json`` is generated from ``ExperimentSpec``
 from __future__ import annotations
 
 import re
-from pathlib import Path
+import unicodedata
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from hangar_dagster.experiment.spec_yaml import (
+    MAX_ALIASES,
+    MAX_DEPTH,
+    MAX_NODES,
+    YAMLRefusal,
+    load_yaml,
+)
+from hangar_dagster.util.fs import InputFileError, read_text_bounded
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 _ID = re.compile(ID_PATTERN)
+
+# Input bounds (docs/operations.md, "Input bounds"): every number a spec can make hangar
+# allocate, wait for or read is capped, so a typo is refused instead of run.
+MAX_TRIALS = 1000
+MAX_PARALLEL = 256
+MAX_TIMEOUT_S = 86_400  # a day, for an agent run or a grader run
+MAX_MEMORY_MB = 1_048_576  # 1 TiB
+MAX_BUDGET_USD = 1_000_000
+MAX_PLANNED_TRIALS = 100_000  # trials x tasks x variants
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB
+MAX_PATCH_BYTES = 10 << 20  # 10 MiB, a reference patch or `hangar grade --patch`
+MAX_HIDDEN_BYTES = 2_000_000  # all hidden test files of one task (they go into resolved.json)
+MAX_HIDDEN_FILES = 1000  # files in one hidden_tests directory
+
+# The table docs/operations.md and experiment.schema.json ("x-input-bounds") show.
+INPUT_BOUNDS: dict[str, tuple[int, str]] = {
+    "trials": (MAX_TRIALS, "trials per variant and task"),
+    "parallel": (MAX_PARALLEL, "trials in flight at once"),
+    "timeout_s": (MAX_TIMEOUT_S, "seconds, environment.resources.timeout_s and grader.timeout_s"),
+    "memory_mb": (MAX_MEMORY_MB, "MB (1 TiB), environment.resources.memory_mb"),
+    "max_cost_usd": (MAX_BUDGET_USD, "USD, budget and trial_job_budget"),
+    "planned_trials": (MAX_PLANNED_TRIALS, "trials x tasks x variants of one spec"),
+    "spec_bytes": (MAX_SPEC_BYTES, "bytes (1 MiB) of the spec file"),
+    "patch_bytes": (MAX_PATCH_BYTES, "bytes (10 MiB) of a reference_patch file or --patch"),
+    "hidden_bytes": (MAX_HIDDEN_BYTES, "bytes of one task's hidden test files, each and in all"),
+    "hidden_files": (MAX_HIDDEN_FILES, "files in one hidden_tests directory"),
+    "yaml_depth": (MAX_DEPTH, "levels of YAML nesting, aliases expanded"),
+    "yaml_aliases": (MAX_ALIASES, "YAML aliases (*name) in the spec"),
+    "yaml_values": (MAX_NODES, "YAML values once aliases are expanded"),
+}
 
 OVERLAY_FIELDS = (
     "harness",
@@ -30,7 +71,37 @@ OVERLAY_FIELDS = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `trials: true`, `parallel: 1e9` (YAML reads it as a string) or 2.0 are refused,
+    # not coerced to 1 or 1000000000.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def control_character(text: str) -> str | None:
+    """The first control or invisible format character in ``text`` (as U+XXXX), or None."""
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def hidden_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a hidden file's name, or None when it can."""
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or ".." in p.parts or "\\" in path or str(p) in ("", "."):
+        return (
+            f"hidden file path {shown(path)} must be relative, inside the hidden tests directory, "
+            "without '..'"
+        )
+    if bad := control_character(path):
+        return f"hidden file path {shown(path)} holds the control character {bad}"
+    return None
+
+
+def _file_names(files: dict[str, str]) -> dict[str, str]:
+    for name in files:
+        if problem := hidden_path_problem(name):
+            raise PydanticCustomError("hidden_path", problem)
+    return files
 
 
 class Egress(_Strict):
@@ -42,8 +113,12 @@ class Egress(_Strict):
 
 
 class Resources(_Strict):
-    timeout_s: int = Field(600, ge=1, description="Wall-clock limit of one agent run.")
-    memory_mb: int = Field(4096, ge=64, description="Memory limit of the trial sandbox.")
+    timeout_s: int = Field(
+        600, ge=1, le=MAX_TIMEOUT_S, description="Wall-clock limit of one agent run."
+    )
+    memory_mb: int = Field(
+        4096, ge=64, le=MAX_MEMORY_MB, description="Memory limit of the trial sandbox."
+    )
 
 
 class Environment(_Strict):
@@ -76,13 +151,15 @@ class Grader(_Strict):
     canary: str | None = Field(
         None, description="Generated per experiment when unset; never reuse one."
     )
-    timeout_s: int = Field(300, ge=1)
+    timeout_s: int = Field(300, ge=1, le=MAX_TIMEOUT_S)
     pythonpath: list[str] = Field(
         default_factory=list,
         description="Directories of the repo (relative to its root, e.g. src for a src/ layout) "
         "that hangar-grade puts first on the hidden tests' sys.path, before the repo root; "
         "also given to the command as $HANGAR_PYTHONPATH.",
     )
+
+    _files = field_validator("files")(_file_names)
 
     @field_validator("pythonpath")
     @classmethod
@@ -116,6 +193,11 @@ class Task(_Strict):
         "or a directory relative to the spec.",
     )
 
+    @field_validator("hidden_tests")
+    @classmethod
+    def _hidden_names(cls, v: dict[str, str] | str | None) -> dict[str, str] | str | None:
+        return _file_names(v) if isinstance(v, dict) else v
+
 
 class Variant(_Strict):
     harness_lock: str | None = Field(
@@ -137,7 +219,7 @@ class Variant(_Strict):
 
 
 class Budget(_Strict):
-    max_cost_usd: float = Field(..., gt=0)
+    max_cost_usd: float = Field(..., gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
 
 
 class ExperimentSpec(_Strict):
@@ -153,11 +235,22 @@ class ExperimentSpec(_Strict):
     environment: Environment = Field(default_factory=Environment)  # type: ignore[arg-type]
     tasks: Annotated[list[Task], Field(min_length=1)]
     variants: Annotated[dict[str, Variant], Field(min_length=1)]
-    trials: int = Field(1, ge=1, description="Trials per variant and task.")
-    parallel: int = Field(2, ge=1, description="Most trials of this experiment in flight at once.")
+    trials: int = Field(1, ge=1, le=MAX_TRIALS, description="Trials per variant and task.")
+    parallel: int = Field(
+        2, ge=1, le=MAX_PARALLEL, description="Most trials of this experiment in flight at once."
+    )
     grader: Grader = Field(default_factory=Grader)  # type: ignore[arg-type]
     trial_job_budget: Budget | None = None
     budget: Budget | None = None
+
+    @field_validator("author")
+    @classmethod
+    def _printable_author(cls, author: str | None) -> str | None:
+        if author is not None and (bad := control_character(author)):
+            raise PydanticCustomError(
+                "control_character", f"the author {shown(author)} holds the control character {bad}"
+            )
+        return author
 
 
 class Problem(BaseModel):
@@ -184,10 +277,22 @@ _FIXES = {
     "extra_forbidden": "remove it, or check its spelling against experiment.schema.json",
     "greater_than_equal": "use a larger number",
     "greater_than": "use a larger number",
+    "less_than_equal": "use a smaller number (the bounds are in docs/operations.md)",
     "too_short": "give at least one entry",
-    "string_type": "write it as a string",
+    "string_type": "write it as a string (quote it)",
+    "int_type": "write a whole number, without quotes, a decimal point or an exponent",
     "int_parsing": "write a whole number",
+    "float_type": "write a number",
+    "finite_number": "write a finite number",
+    "bool_type": "write true or false",
+    "dict_type": "write it as a mapping (key: value)",
+    "list_type": "write it as a list",
+    "model_type": "write it as a mapping (key: value)",
     "literal_error": "use one of the allowed values",
+    "control_character": "remove control and invisible characters (newlines, tabs, escapes, "
+    "bidi and zero-width marks)",
+    "hidden_path": "name hidden files by relative, '/'-separated paths inside the hidden tests "
+    "directory, without '..'",
 }
 
 
@@ -217,24 +322,12 @@ def _structural(err: ValidationError) -> list[Problem]:
 def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
     """Rules that cross fields; every one reported, not just the first."""
     problems: list[Problem] = []
-    if not _ID.match(spec.name):
-        problems.append(
-            Problem(
-                path="name",
-                message=f"{spec.name!r} is not a valid name",
-                fix="use letters, digits, _ and - (at most 48)",
-            )
-        )
+    if bad := _bad_id(spec.name, "name"):
+        problems.append(Problem(path="name", message=bad, fix=_ID_FIX))
     seen: set[str] = set()
     for i, task in enumerate(spec.tasks):
-        if not _ID.match(task.id):
-            problems.append(
-                Problem(
-                    path=f"tasks[{i}].id",
-                    message=f"{task.id!r} is not a valid task id",
-                    fix="use letters, digits, _ and - (at most 48)",
-                )
-            )
+        if bad := _bad_id(task.id, "task id"):
+            problems.append(Problem(path=f"tasks[{i}].id", message=bad, fix=_ID_FIX))
         if task.id in seen:
             problems.append(
                 Problem(
@@ -246,14 +339,8 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
         seen.add(task.id)
     for name, variant in spec.variants.items():
         where = f"variants.{name}"
-        if not _ID.match(name):
-            problems.append(
-                Problem(
-                    path=where,
-                    message=f"{name!r} is not a valid variant name",
-                    fix="use letters, digits, _ and - (at most 48)",
-                )
-            )
+        if bad := _bad_id(name, "variant name"):
+            problems.append(Problem(path=where, message=bad, fix=_ID_FIX))
         overlay = variant.overlay_fields()
         if variant.harness_lock is not None and overlay:
             problems.append(
@@ -282,7 +369,35 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                         fix=f"use one of: {', '.join(sorted(seen))}",
                     )
                 )
+    planned = spec.trials * sum(len(v.tasks or spec.tasks) for v in spec.variants.values())
+    if planned > MAX_PLANNED_TRIALS:
+        problems.append(
+            Problem(
+                path="trials",
+                message=f"the spec plans {planned} trials (trials x tasks x variants), "
+                f"over the limit of {MAX_PLANNED_TRIALS}",
+                fix="run fewer trials, tasks or variants per experiment",
+            )
+        )
     return problems
+
+
+_ID_FIX = "use letters, digits, _ and - (at most 48)"
+
+
+def _bad_id(value: str, what: str) -> str | None:
+    """Why ``value`` is not a valid id (the whole of it: `$` would let a trailing newline by)."""
+    if _ID.fullmatch(value):
+        return None
+    if bad := control_character(value):
+        return f"{shown(value)} is not a valid {what}: it holds the control character {bad}"
+    return f"{shown(value)} is not a valid {what}"
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """``value``'s repr, cut to ``limit`` characters: a refusal must not echo a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}...' ({len(value)} characters)"
 
 
 def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
@@ -308,21 +423,26 @@ def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
 
 
 def load_spec(path: Path) -> ExperimentSpec:
+    """Read (bounded, strict UTF-8), parse (duplicate keys, bombs, tags refused) and check."""
     try:
-        text = path.read_text()
-    except OSError as err:
+        text = read_text_bounded(path, MAX_SPEC_BYTES, "spec")
+    except InputFileError as err:
         raise SpecError(
             str(path),
             [
                 Problem(
                     path="(file)",
-                    message=f"cannot read the spec: {err.strerror}",
-                    fix="check the path",
+                    message=str(err),
+                    fix=f"check the path; a spec is a UTF-8 YAML file of at most {MAX_SPEC_BYTES} bytes",
                 )
             ],
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YAMLRefusal as err:
+        raise SpecError(
+            str(path), [Problem(path=err.path, message=err.message, fix=err.fix)]
+        ) from None
     except yaml.YAMLError as err:
         raise SpecError(
             str(path),
@@ -341,4 +461,5 @@ def json_schema() -> dict[str, Any]:
     schema = ExperimentSpec.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "hangar_dagster experiment spec"
+    schema["x-input-bounds"] = {k: {"max": v, "unit": u} for k, (v, u) in INPUT_BOUNDS.items()}
     return schema

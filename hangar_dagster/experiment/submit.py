@@ -34,7 +34,16 @@ from hangar_dagster.experiment.overlay import (
 from hangar_dagster.experiment.overlay import build as build_overlay
 from hangar_dagster.experiment.pins import environment_digest, lock_pin_content, pin_set_id
 from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
-from hangar_dagster.experiment.spec import ExperimentSpec, Problem, SpecError, Task, load_spec
+from hangar_dagster.experiment.spec import (
+    MAX_HIDDEN_BYTES,
+    MAX_HIDDEN_FILES,
+    MAX_PATCH_BYTES,
+    ExperimentSpec,
+    Problem,
+    SpecError,
+    Task,
+    load_spec,
+)
 from hangar_dagster.grading.grader import grader_digest
 from hangar_dagster.queue.budget import projection_note, submit_problems
 from hangar_dagster.results.records import ExperimentRecord, NoteRecord, utcnow
@@ -43,10 +52,10 @@ from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import new_canary
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.util.digests import sha256_json
+from hangar_dagster.util.fs import InputFileError, read_text_bounded
 from hangar_dagster.util.gitrepo import GitError, repo_location, resolve_base
 
 RESOLVED = "resolved.json"
-MAX_HIDDEN_BYTES = 2_000_000
 
 
 def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]) -> dict[str, str]:
@@ -55,31 +64,51 @@ def _read_hidden(task: Task, where: str, spec_dir: Path, problems: list[Problem]
     if isinstance(task.hidden_tests, dict):
         return dict(task.hidden_tests)
     root = (spec_dir / task.hidden_tests).resolve()
+    fix = (
+        f"point it at a folder of at most {MAX_HIDDEN_FILES} UTF-8 test files "
+        f"({MAX_HIDDEN_BYTES} bytes in all), relative to the spec"
+    )
     if not root.is_dir():
-        problems.append(
-            Problem(
-                path=f"{where}.hidden_tests",
-                message=f"{root} is not a directory",
-                fix="point it at the folder of hidden test files, relative to the spec",
-            )
-        )
+        what = "does not exist" if not root.exists() else "is not a directory"
+        problems.append(Problem(path=f"{where}.hidden_tests", message=f"{root} {what}", fix=fix))
         return {}
     files: dict[str, str] = {}
     total = 0
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            data = path.read_text()
-            total += len(data)
+    # Walked and read under the bounds: a typo like `hidden_tests: /` stops at the cap.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if len(files) == MAX_HIDDEN_FILES:
+                problems.append(
+                    Problem(
+                        path=f"{where}.hidden_tests",
+                        message=f"{root} holds more than {MAX_HIDDEN_FILES} files",
+                        fix=fix,
+                    )
+                )
+                return {}
+            try:
+                data = read_text_bounded(path, MAX_HIDDEN_BYTES, "hidden test file")
+            except InputFileError as err:
+                problems.append(Problem(path=f"{where}.hidden_tests", message=str(err), fix=fix))
+                return {}
+            total += len(data.encode())
+            if total > MAX_HIDDEN_BYTES:
+                problems.append(
+                    Problem(
+                        path=f"{where}.hidden_tests",
+                        message=f"{root} holds more than {MAX_HIDDEN_BYTES} bytes of test files",
+                        fix=fix,
+                    )
+                )
+                return {}
             files[path.relative_to(root).as_posix()] = data
-    if not files or total > MAX_HIDDEN_BYTES:
+    if not files:
         problems.append(
-            Problem(
-                path=f"{where}.hidden_tests",
-                message=f"{root} holds {'no files' if not files else f'{total} bytes'}",
-                fix=f"put 1 to {MAX_HIDDEN_BYTES} bytes of test files there",
-            )
+            Problem(path=f"{where}.hidden_tests", message=f"{root} holds no files", fix=fix)
         )
-    return files
+    return dict(sorted(files.items(), key=lambda kv: kv[0].split("/")))  # as paths sort
 
 
 def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Problem]) -> str | None:
@@ -88,13 +117,14 @@ def _read_reference(task: Task, where: str, spec_dir: Path, problems: list[Probl
         return ref
     path = (spec_dir / ref).resolve()
     try:
-        text = path.read_text()
-    except OSError:
+        text = read_text_bounded(path, MAX_PATCH_BYTES, "reference patch")
+    except InputFileError as err:
         problems.append(
             Problem(
                 path=f"{where}.reference_patch",
-                message=f"cannot read {path}",
-                fix="give a diff file relative to the spec, or the diff text itself",
+                message=str(err),
+                fix="give a UTF-8 diff file relative to the spec "
+                f"(at most {MAX_PATCH_BYTES} bytes), or the diff text itself",
             )
         )
         return None
@@ -156,19 +186,29 @@ def _resolve(
     for i, task in enumerate(spec.tasks):
         where = f"tasks[{i}]"
         repo = repo_location(task.repo, spec_dir)
-        try:
-            base_sha = resolve_base(repo, task.base)
-        except GitError as err:
+        base_sha = ""
+        if Path(repo).exists() and not Path(repo).is_dir():  # git would run in it: a traceback
             problems.append(
                 Problem(
-                    path=f"{where}.base",
-                    message=str(err),
-                    fix="name a commit, tag or branch that exists in the repo",
+                    path=f"{where}.repo",
+                    message=f"{repo} is not a directory, so not a git repository",
+                    fix="point repo at the repository's folder (relative to the spec) or a git URL",
                 )
             )
-            base_sha = ""
+        else:
+            try:
+                base_sha = resolve_base(repo, task.base)
+            except GitError as err:
+                problems.append(
+                    Problem(
+                        path=f"{where}.base",
+                        message=str(err),
+                        fix="name a commit, tag or branch that exists in the repo",
+                    )
+                )
+        reported = len(problems)
         hidden = _read_hidden(task, where, spec_dir, problems)
-        if not hidden and not spec.grader.files:
+        if not hidden and not spec.grader.files and len(problems) == reported:
             problems.append(
                 Problem(
                     path=f"{where}.hidden_tests",
@@ -188,6 +228,14 @@ def _resolve(
 
     g_digest = grader_digest(spec.grader, {t.id: t.hidden_files for t in tasks.values()})
     registry = _harness_registry(spec, spec_dir, settings)
+    if registry is not None and registry.exists() and not registry.is_dir():
+        problems.append(
+            Problem(
+                path="harness_repo",
+                message=f"{registry} is not a directory",
+                fix="point it at the harness registry folder (relative to the spec)",
+            )
+        )
     catalog = ModelCatalog.of(settings)  # one per experiment: every policy resolves once
     cli_pins: CliPins | None = None
     if registry is not None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hangar_dagster.experiment.spec import load_spec
+from hangar_dagster.experiment.spec import MAX_PATCH_BYTES, load_spec
 from hangar_dagster.grading.grader import grade_trust, grader_runner, run_grader
 from hangar_dagster.grading.signals import tamper_signals, touched_tests
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.canary import mask
+from hangar_dagster.util.fs import InputFileError, read_text_bounded
 from hangar_dagster.util.gitrepo import changed_files
 
 
@@ -22,17 +23,13 @@ class PatchFileError(ValueError):
 
 
 def read_patch_file(path: Path) -> str:
-    """The patch text, or PatchFileError for a missing, empty, binary or non-diff file."""
+    """The patch text, or PatchFileError for a missing, oversized, non-regular (a FIFO, /dev/zero),
+    empty, binary or non-diff file."""
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise PatchFileError(f"--patch {path}: cannot read it ({err.strerror})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PatchFileError(
-            f"--patch {path}: not UTF-8 text; write it with `git diff --binary`"
-        ) from None
+        text = read_text_bounded(path, MAX_PATCH_BYTES, "patch")
+    except InputFileError as err:
+        hint = "; write it with `git diff --binary`" if "UTF-8" in str(err) else ""
+        raise PatchFileError(f"--patch {err}{hint}") from None
     if not text.strip():
         raise PatchFileError(f"--patch {path}: the file is empty; to grade the base, use --base")
     if not changed_files(text):

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.experiment.spec import Grader
+from hangar_dagster.experiment.spec import Grader, hidden_path_problem
 from hangar_dagster.grading.crosscheck import (
     ReporterStream,
     cross_check,
@@ -239,17 +239,6 @@ def decide(exit_code: int | None, timed_out: bool, junit: JunitResult) -> tuple[
     if c["passed"] == 0:
         return False, f"all {c['total']} hidden test(s) were skipped"
     return True, None
-
-
-def hidden_path_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a hidden file's name, or None when it can."""
-    p = PurePosixPath(path)
-    if not path or p.is_absolute() or ".." in p.parts or "\\" in path or str(p) in ("", "."):
-        return (
-            f"hidden file path {path!r} must be relative, inside the hidden tests directory, "
-            "without '..'"
-        )
-    return None
 
 
 def with_canary(path: str, content: str, canary: str) -> str:

@@ -26,3 +26,62 @@ def remove_tree(root: Path) -> None:
     if root.exists():
         os.chmod(root, stat.S_IRWXU)
     shutil.rmtree(root, ignore_errors=True)
+
+
+class InputFileError(ValueError):
+    """A file a spec points at cannot be read as bounded UTF-8 text; the message names it."""
+
+
+def read_text_bounded(path: Path, limit: int, what: str) -> str:
+    """``path`` as UTF-8 text, refused (InputFileError) before reading past ``limit`` bytes.
+
+    Only regular files: /dev/zero or a FIFO would read (or block) forever. The file is
+    opened non-blocking and checked again on its descriptor, so a swap after the first
+    look changes nothing; a file that grows (or a /proc file that claims size 0) is cut
+    off at ``limit`` + 1 bytes.
+    """
+    try:
+        kind = _kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise InputFileError(f"{path}: the {what} is {kind}, not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise InputFileError(f"{path}: the {what} is {kind}, not a regular file")
+        if st.st_size > limit:
+            raise InputFileError(
+                f"{path}: the {what} is {st.st_size} bytes, over the limit of {limit} bytes"
+            )
+        try:
+            data = f.read(limit + 1)
+        except OSError as err:
+            raise InputFileError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    if len(data) > limit:
+        raise InputFileError(f"{path}: the {what} is over the limit of {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputFileError(
+            f"{path}: the {what} is not UTF-8 text ({err.reason} at byte {err.start}: "
+            f"{data[err.start : err.start + 1]!r}); save it as UTF-8"
+        ) from None
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"

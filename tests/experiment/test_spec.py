@@ -101,3 +101,29 @@ def test_overlay_fields_are_marked_deprecated_in_the_schema() -> None:
     variant = json_schema()["$defs"]["Variant"]["properties"]
     assert variant["skills_remove"].get("deprecated") is True
     assert not variant["harness_lock"].get("deprecated")
+
+
+def test_a_merge_key_may_override_what_it_merges(tmp_path: Path) -> None:
+    """The loader refuses bombs and duplicate keys, not YAML's ordinary sharing."""
+    data = good()
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "name: demo\n"
+        "tasks:\n"
+        "  - &t1 {id: t1, instructions: fix it, repo: repo, base: base}\n"
+        "  - {<<: *t1, id: t2, base: other}\n"
+        f"variants: {{plain: {{harness_lock: '{LOCK}'}}}}\n"
+        "trials: 2\n"
+    )
+    spec = load_spec(path)
+    assert [(t.id, t.base) for t in spec.tasks] == [("t1", "base"), ("t2", "other")]
+    assert spec.trials == data["trials"]
+
+
+def test_a_file_larger_than_its_size_says_is_cut_at_the_bound(tmp_path: Path) -> None:
+    from hangar_dagster.util.fs import InputFileError, read_text_bounded
+
+    # /proc files claim size 0; this one is far over a 16-byte bound.
+    with pytest.raises(InputFileError, match="over the limit of 16 bytes"):
+        read_text_bounded(Path("/proc/self/status"), 16, "probe")
+    assert read_text_bounded(Path("/proc/self/status"), 1 << 20, "probe").startswith("Name:")

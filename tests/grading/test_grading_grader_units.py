@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 from grading_builders import HIDDEN, experiment
 
-from hangar_dagster.experiment.spec import Grader
+from hangar_dagster.experiment.spec import Grader, hidden_path_problem
 from hangar_dagster.grading.grader import (
     grade_trust,
     grader_digest,
     grader_runner,
     hidden_files_for,
-    hidden_path_problem,
     with_canary,
     write_hidden_files,
 )
