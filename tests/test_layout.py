@@ -70,3 +70,19 @@ def test_the_package_has_only_its_rooms_and_top_modules() -> None:
     modules = {p.name for p in PACKAGE.glob("*.py")}
     assert packages - ROOMS == set(), "a new room goes in ROOMS and docs/architecture.md together"
     assert modules - TOP_MODULES == set(), "a flat module belongs in one of the rooms"
+
+
+# The attack suite stands apart: it is run through the grader but attacks whatever runs it.
+TEST_ONLY_FOLDERS = {"adversarial"}
+
+
+def test_the_tests_mirror_the_rooms() -> None:
+    tests = PACKAGE.parent / "tests"
+    folders = {p.relative_to(tests).parts[0] for p in tests.glob("*/**/test_*.py")}
+    assert folders - ROOMS - TEST_ONLY_FOLDERS == set(), (
+        "tests/<room>/ mirrors hangar_dagster/<room>/"
+    )
+    for sub in tests.glob("*/*/"):
+        if sub.is_dir() and any(sub.glob("test_*.py")):
+            room = PACKAGE / sub.relative_to(tests)
+            assert room.is_dir(), f"{sub} has no package folder {room} to mirror"
