@@ -9,6 +9,7 @@ results are read back the way the UI reads them: per check and partition.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,11 @@ def definitions(exp: ResolvedExperiment, home: Path) -> dg.Definitions:
         assets=assets,
         asset_checks=build_experiment_checks(exp, assets),
         jobs=build_experiment_jobs(exp, assets),
-        resources={"hangar": HangarResource(home=str(home))},
+        resources={
+            "hangar": HangarResource.from_settings(
+                Settings.from_env({**os.environ, "HANGAR_HOME": str(home)})
+            )
+        },
     )
 
 

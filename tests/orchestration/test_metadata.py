@@ -132,7 +132,7 @@ def test_the_author_is_an_owner_dagster_accepts(
     exp = exp.model_copy(update={"author": author})
     defs = dg.Definitions(
         assets=build_experiment_assets(exp),
-        resources={"hangar": HangarResource(home=str(hangar_home))},
+        resources={"hangar": HangarResource.from_settings(Settings.from_env())},
     )
     specs = defs.resolve_all_asset_specs()
     assert {tuple(s.owners) for s in specs} == {(owner,)}
@@ -147,7 +147,7 @@ def test_a_materialization_records_the_pin_sets_and_typed_metadata(
         result = dg.materialize(
             build_experiment_assets(exp),
             selection=[dg.AssetKey([exp.experiment_id, s]) for s in ("spec", "pin_sets")],
-            resources={"hangar": HangarResource(home=str(hangar_home))},
+            resources={"hangar": HangarResource.from_settings(Settings.from_env())},
             instance=instance,
             partition_key="plain",
         )
