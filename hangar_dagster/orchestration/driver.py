@@ -87,9 +87,19 @@ def run_stages(
     for stage in SETUP_STAGES:
         execute(stage)
     window = settings.window
+
+    def progress() -> tuple[int, int]:
+        eid = exp.experiment_id
+        return (
+            len(store.trials(eid, all_attempts=True)),
+            len(store.grades(eid, all_attempts=True)),
+        )
+
     while work := pending(exp, store, settings):
         why = blocker(exp, store, settings, dt.datetime.now(dt.UTC))
-        if why and why.startswith("eval_window"):
+        # Grades missing (a crash between a trial and its grade) are graded whatever blocks a
+        # start: the trials run grades every finished attempt, and starts no trial while blocked.
+        if why and not work.grades and why.startswith("eval_window"):
             say(f"waiting ({len(work.keys)} trials): {why}")
             sleep(
                 min(
@@ -103,15 +113,15 @@ def run_stages(
                 )
             )
             continue
-        if why:
+        if why and not work.grades:
             say(f"not starting {len(work.keys)} trials: {why}")
             break
-        before = len(store.trials(exp.experiment_id, all_attempts=True))
+        if work.grades:
+            say(f"grading {len(work.grades)} finished trial(s) that have no grade")
+        before = progress()
         execute("trials")
-        if len(store.trials(exp.experiment_id, all_attempts=True)) == before:
+        if progress() == before:
             break  # nothing could start (e.g. the window closed as the run began): don't spin
-    for note in pending(exp, store, settings).notes:
-        say(note)
     execute("index")
     return run_ids
 

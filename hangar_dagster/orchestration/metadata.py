@@ -170,6 +170,8 @@ def index_metadata(summary: IndexSummary, canary: str) -> Metadata:
         "summary": table,
         "trial_keys": summary.trial_keys,
         "pending_trials": summary.pending_trials,
+        "waiting_grades": summary.waiting_grades,
+        "complete": summary.complete,
         "waiting_for": summary.waiting_for,
         "queue_notes": "; ".join(summary.queue_notes),
         "graded": summary.graded,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.queue.starts import pending, waiting_reason
+from hangar_dagster.queue.starts import pending, waiting_grades_note, waiting_reason
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
@@ -24,6 +24,12 @@ class IndexSummary:
     passed: int
     invalid_tasks: list[str]
     duckdb: Path
+    waiting_grades: int = 0  # finished trials with no grade yet: the pass rate is not final
+
+    @property
+    def complete(self) -> bool:
+        """Every trial that may run ran, and every finished one is graded."""
+        return not self.pending_trials and not self.waiting_grades
 
 
 def summarize(
@@ -35,11 +41,19 @@ def summarize(
         variants=summary,
         trial_keys=len(store.index(exp.experiment_id)),
         pending_trials=len(work.keys),
-        # Why trials are still missing, if they are: the window, a spent budget, the breaker.
-        waiting_for=waiting_reason(exp, store, settings, now) if work else None,
+        # Why trials are still missing, if they are: the window, a spent budget, the breaker;
+        # else why the pass rate is not final yet.
+        waiting_for=(
+            waiting_reason(exp, store, settings, now)
+            if work.keys
+            else waiting_grades_note(len(work.grades))
+            if work.grades
+            else None
+        ),
         queue_notes=list(work.notes),
         graded=sum(int(s["graded"]) for s in summary),
         passed=sum(int(s["passed"]) for s in summary),
         invalid_tasks=[t for t, c in store.base_checks(exp.experiment_id).items() if c.invalid],
         duckdb=store.paths.duckdb,
+        waiting_grades=len(work.grades),
     )
