@@ -16,6 +16,7 @@ from hangar_dagster.cli.common import (
     console,
     err,
     find_experiment,
+    hangar_command,
     store_of,
     summary_table,
     where_next,
@@ -97,22 +98,53 @@ def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
         raise typer.Exit(2)
 
 
+# `run --wait` and `resume` exit codes (README.md, docs/operations.md): 0 complete, 1 a stage
+# run failed, 2 refused, 3 incomplete (the reason printed), 130 interrupted (SIGINT/SIGTERM).
+EXIT_STAGE_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_INCOMPLETE = 3
+EXIT_INTERRUPTED = 130
+
+
 def _drive(settings: Settings, exp: Any) -> None:
-    from hangar_dagster.orchestration.driver import StageFailed, drive
+    import datetime as dt
+
+    from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
+    from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
+    eid = exp.experiment_id
     try:
         drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
+    except Interrupted as e:
+        store = store_of(p)
+        cut = [
+            t.trial_key
+            for t in store.trials(eid)
+            if t.outcome_class == "infra_error" and t.infra_reason == "interrupted"
+        ]
+        err.print(
+            f"[red]interrupted[/] ({escape(e.why.removeprefix('interrupted: '))}): no trial "
+            f"started since; {len(cut)} running trial(s) cut off as infra_error / interrupted"
+            + (f", run(s) {', '.join(e.runs_failed)} marked failed" if e.runs_failed else "")
+        )
+        err.print(f"resume with: [bold]{hangar_command()} experiment resume {eid}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except StageFailed as e:
         err.print(f"[red]{e}[/]")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
-    console.print(
-        summary_table(store.summary(exp.experiment_id), f"{exp.name} ({exp.experiment_id})")
-    )
+    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})"))
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
-    where_next(p, exp.experiment_id)
+    where_next(p, eid)
+    if why := unfinished(exp, store, settings, dt.datetime.now(dt.UTC)):
+        for line in why:
+            err.print(f"[red]incomplete:[/] {escape(line)}")
+        err.print(
+            f"the pass rate is not final; `{hangar_command()} experiment resume {eid}` goes on"
+        )
+        raise typer.Exit(EXIT_INCOMPLETE)
 
 
 @app.command("get")

@@ -172,6 +172,7 @@ def index_metadata(summary: IndexSummary, canary: str) -> Metadata:
         "pending_trials": summary.pending_trials,
         "waiting_grades": summary.waiting_grades,
         "complete": summary.complete,
+        "unfinished": "; ".join(summary.unfinished),
         "waiting_for": summary.waiting_for,
         "queue_notes": "; ".join(summary.queue_notes),
         "graded": summary.graded,
