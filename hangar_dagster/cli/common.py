@@ -63,9 +63,13 @@ def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
+def hangar_command() -> str:
+    """The CLI as it can be typed here: the venv's bin is often not on PATH."""
+    return "hangar" if shutil.which("hangar") else sys.argv[0]
+
+
 def where_next(p: HangarPaths, experiment_id: str) -> None:
-    # Name the command as it can be typed here: the venv's bin is often not on PATH.
-    hangar = "hangar" if shutil.which("hangar") else sys.argv[0]
+    hangar = hangar_command()
     console.print("\nWhere to look next:")
     console.print(
         f"  UI (assets, partitions, lineage):  [bold]{hangar} ui[/]  (dagster dev -w workspace.yaml, same DAGSTER_HOME)"

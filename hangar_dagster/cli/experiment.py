@@ -16,6 +16,7 @@ from hangar_dagster.cli.common import (
     console,
     err,
     find_experiment,
+    hangar_command,
     store_of,
     summary_table,
     where_next,
@@ -97,22 +98,53 @@ def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
         raise typer.Exit(2)
 
 
+# `run --wait` and `resume` exit codes (README.md, docs/operations.md): 0 complete, 1 a stage
+# run failed, 2 refused, 3 incomplete (the reason printed), 130 interrupted (SIGINT/SIGTERM).
+EXIT_STAGE_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_INCOMPLETE = 3
+EXIT_INTERRUPTED = 130
+
+
 def _drive(settings: Settings, exp: Any) -> None:
-    from hangar_dagster.orchestration.driver import StageFailed, drive
+    import datetime as dt
+
+    from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
+    from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
+    eid = exp.experiment_id
     try:
         drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
+    except Interrupted as e:
+        store = store_of(p)
+        cut = [
+            t.trial_key
+            for t in store.trials(eid)
+            if t.outcome_class == "infra_error" and t.infra_reason == "interrupted"
+        ]
+        err.print(
+            f"[red]interrupted[/] ({escape(e.why.removeprefix('interrupted: '))}): no trial "
+            f"started since; {len(cut)} running trial(s) cut off as infra_error / interrupted"
+            + (f", run(s) {', '.join(e.runs_failed)} marked failed" if e.runs_failed else "")
+        )
+        err.print(f"resume with: [bold]{hangar_command()} experiment resume {eid}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except StageFailed as e:
         err.print(f"[red]{e}[/]")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
-    console.print(
-        summary_table(store.summary(exp.experiment_id), f"{exp.name} ({exp.experiment_id})")
-    )
+    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})"))
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
-    where_next(p, exp.experiment_id)
+    where_next(p, eid)
+    if why := unfinished(exp, store, settings, dt.datetime.now(dt.UTC)):
+        for line in why:
+            err.print(f"[red]incomplete:[/] {escape(line)}")
+        err.print(
+            f"the pass rate is not final; `{hangar_command()} experiment resume {eid}` goes on"
+        )
+        raise typer.Exit(EXIT_INCOMPLETE)
 
 
 @app.command("get")
@@ -125,6 +157,7 @@ def get_cmd(
     """Show an experiment's pins, summary and per-trial index."""
     from hangar_dagster.experiment.catalog import read_archived
     from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.queue.starts import waiting_grades_note
     from hangar_dagster.trials.redact import redact
 
     p = paths()
@@ -202,6 +235,11 @@ def get_cmd(
         console.print(
             f"  queue: {queue['pending_trials']} trial(s) to run; {queue['reason'] or 'ready to start'}"
         )
+    if queue["waiting_grades"]:
+        console.print(
+            f"  [yellow]{waiting_grades_note(queue['waiting_grades'])}[/] "
+            f"(`hangar experiment resume {record.experiment_id}` grades them)"
+        )
     for note in queue["notes"]:
         console.print(f"  queue note: {note}")
 
@@ -231,10 +269,16 @@ def _queue_state(exp: Any, store: Any, archived: bool) -> dict[str, Any]:
 
     settings = Settings.from_env()
     work = pending(exp, store, settings)
-    why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work else None
-    if work and archived:
+    why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work.keys else None
+    if work.keys and archived:
         why = "archived: `hangar experiment unarchive` lets them run"
-    return {"pending_trials": len(work.keys), "reason": why, "notes": work.notes}
+    return {
+        "pending_trials": len(work.keys),
+        "waiting_grades": len(work.grades),
+        "complete": not work,
+        "reason": why,
+        "notes": work.notes,
+    }
 
 
 @app.command("export")
@@ -312,7 +356,7 @@ def experiment_rows(settings: Settings) -> list[dict[str, Any]]:
     from hangar_dagster.experiment.catalog import archived_ids
     from hangar_dagster.experiment.state import experiment_state
     from hangar_dagster.experiment.submit import load_resolved
-    from hangar_dagster.queue.starts import pending, waiting_reason
+    from hangar_dagster.queue.starts import pending, waiting_grades_note, waiting_reason
 
     store = store_of(p)
     records = [r for r in store.experiments() if p.experiment_dir(r.experiment_id).is_dir()]
@@ -329,18 +373,26 @@ def experiment_rows(settings: Settings) -> list[dict[str, Any]]:
         eid = rec.experiment_id
         tried, last = progress.get(eid, (0, None))
         if eid in archived:  # its resolved.json stays unread: archived work is not pending
-            n_pending, done, why = 0, min(tried, rec.trials_planned), None
+            n_pending, done, why, n_grades = 0, min(tried, rec.trials_planned), None, 0
         else:
             exp = load_resolved(p, eid)
             work = pending(exp, store, settings)
             n_pending, done = len(work.keys), rec.trials_planned - len(work.keys)
-            why = waiting_reason(exp, store, settings, now) if work else None
+            n_grades = len(work.grades)
+            why = (
+                waiting_reason(exp, store, settings, now)
+                if work.keys
+                else waiting_grades_note(n_grades)
+                if n_grades
+                else None
+            )
         state = experiment_state(
             archived=eid in archived,
             in_flight=eid in runs.in_flight,
             pending_trials=n_pending,
             indexed_at=runs.indexed_at.get(eid),
             last_trial_at=last,
+            waiting_grades=n_grades,
         )
         if state == "running":
             why = runs.in_flight[eid]
@@ -358,6 +410,7 @@ def experiment_rows(settings: Settings) -> list[dict[str, Any]]:
                 "trials_planned": rec.trials_planned,
                 "trials_done": done,
                 "pending_trials": n_pending,
+                "waiting_grades": n_grades,
                 "why": why,
             }
         )

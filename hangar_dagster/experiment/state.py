@@ -16,7 +16,7 @@ class State(StrEnum):
 
     WAITING = "waiting"  # submitted, with work pending (window, budget, queue) or its index due
     RUNNING = "running"  # a Dagster run of it is in flight
-    COMPLETE = "complete"  # nothing pending and the index written after the last trial
+    COMPLETE = "complete"  # nothing pending, every trial graded, the index written after the last
     ARCHIVED = "archived"  # out of the loaded definitions; still readable by get, export, SQL
 
 
@@ -27,20 +27,22 @@ def experiment_state(
     pending_trials: int,
     indexed_at: dt.datetime | None,
     last_trial_at: dt.datetime | None,
+    waiting_grades: int = 0,
 ) -> State:
     """The one rule for an experiment's state.
 
     A run in flight wins over the archive mark (archive refuses beside one, so both at
     once means a run was started by hand): what is happening now is what a person needs.
     Complete needs an index written after the last trial attempt finished, so an
-    experiment whose final index run is still due stays waiting.
+    experiment whose final index run is still due stays waiting, and so does one with a
+    finished trial still waiting for its grade (its pass rate is not final).
     """
     if in_flight:
         return State.RUNNING
     if archived:
         return State.ARCHIVED
     indexed = indexed_at is not None and (last_trial_at is None or indexed_at >= last_trial_at)
-    if pending_trials == 0 and indexed:
+    if pending_trials == 0 and waiting_grades == 0 and indexed:
         return State.COMPLETE
     return State.WAITING
 

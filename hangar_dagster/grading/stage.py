@@ -21,6 +21,7 @@ from hangar_dagster.grading.grader import (
     contamination_notes,
     grade_trial,
 )
+from hangar_dagster.queue.drain import interrupted
 from hangar_dagster.queue.partitions import NO_TRIAL, plan_partitions
 from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, TrialRecord
 from hangar_dagster.results.store import Store
@@ -109,6 +110,9 @@ def run_grades(
             store.put(note)
         return grade
 
+    if why := interrupted():  # the process is stopping: the next run grades them (pending)
+        out |= {k: GradePartition(k, skipped=why) for k in plan.run}
+        return out
     trials = [latest[k.key] for k in plan.run]
     for trial, grade in concurrently(trials, one, exp.spec.parallel):
         key = TrialKey.parse(trial.trial_key)

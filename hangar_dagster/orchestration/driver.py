@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import dagster as dg
 
@@ -22,12 +26,15 @@ from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
+from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.starts import base_checks_stored, blocker, invalid_tasks, pending
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
 # The CLI shows trial progress at INFO; step-level DEBUG events stay in the UI's run log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+# How long an interrupted `run --wait` waits for its cut-off trials to be stored and its run to end.
+INTERRUPT_GRACE_S = 8.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,6 +55,15 @@ def stage_job(job: str) -> dg.JobDefinition:
     settings = Settings.from_env()
     stored = tuple(e.experiment_id for e in active_experiments(settings.paths))
     return _definitions(settings, stored).resolve_job_def(job)
+
+
+class Interrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the stages: no trial started since, the running ones were cut off."""
+
+    def __init__(self, why: str, runs_failed: list[str] | None = None):
+        super().__init__(why)
+        self.why = why
+        self.runs_failed = runs_failed or []  # runs still going after the grace, marked failed
 
 
 class StageFailed(RuntimeError):
@@ -71,11 +87,15 @@ def run_stages(
     run_ids: list[str] = []
 
     def execute(stage: str) -> None:
+        if why := interrupted():
+            raise Interrupted(why)
         job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
         result = dg.execute_job(
             job, instance, run_config=QUIET, tags=stage_tags(exp, stage), raise_on_error=False
         )
         run_ids.append(result.run_id)
+        if why := interrupted():  # the run ended early because of it: say that, not its status
+            raise Interrupted(why)
         if result.success:
             return
         if stage == "base_checks" and base_checks_stored(exp, store):
@@ -87,9 +107,21 @@ def run_stages(
     for stage in SETUP_STAGES:
         execute(stage)
     window = settings.window
+
+    def progress() -> tuple[int, int]:
+        eid = exp.experiment_id
+        return (
+            len(store.trials(eid, all_attempts=True)),
+            len(store.grades(eid, all_attempts=True)),
+        )
+
     while work := pending(exp, store, settings):
+        if cut := interrupted():  # also while sleeping for the window
+            raise Interrupted(cut)
         why = blocker(exp, store, settings, dt.datetime.now(dt.UTC))
-        if why and why.startswith("eval_window"):
+        # Grades missing (a crash between a trial and its grade) are graded whatever blocks a
+        # start: the trials run grades every finished attempt, and starts no trial while blocked.
+        if why and not work.grades and why.startswith("eval_window"):
             say(f"waiting ({len(work.keys)} trials): {why}")
             sleep(
                 min(
@@ -103,15 +135,15 @@ def run_stages(
                 )
             )
             continue
-        if why:
+        if why and not work.grades:
             say(f"not starting {len(work.keys)} trials: {why}")
             break
-        before = len(store.trials(exp.experiment_id, all_attempts=True))
+        if work.grades:
+            say(f"grading {len(work.grades)} finished trial(s) that have no grade")
+        before = progress()
         execute("trials")
-        if len(store.trials(exp.experiment_id, all_attempts=True)) == before:
+        if progress() == before:
             break  # nothing could start (e.g. the window closed as the run began): don't spin
-    for note in pending(exp, store, settings).notes:
-        say(note)
     execute("index")
     return run_ids
 
@@ -129,12 +161,69 @@ def run_in_flight(exp: ResolvedExperiment, settings: Settings) -> str | None:
 def drive(
     exp: ResolvedExperiment, store: Store, settings: Settings, say: Callable[[str], None] = print
 ) -> list[str]:
-    """``run_stages`` on the CLI's instance (``hangar experiment run --wait`` and ``resume``)."""
+    """``run_stages`` on the CLI's instance (``hangar experiment run --wait`` and ``resume``).
+
+    SIGINT and SIGTERM interrupt it (``Interrupted``): no trial starts from then on, the
+    running ones are cut off (``infra_error / interrupted``, retried by the next run), and it
+    waits at most ``INTERRUPT_GRACE_S`` for the stage run to end. The stages run in a worker
+    thread so that Dagster, which turns SIGINT into an error raised inside the step on the
+    main thread only, leaves the signals to us.
+    """
     import warnings
 
     # Beta/preview notices about APIs we pin deliberately are noise to a CLI user.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     ensure_dagster_home(settings)
+
+    def stages() -> list[str]:
+        with dg.DagsterInstance.get() as instance:
+            return run_stages(exp, instance, store, settings, say=say, sleep=interrupt_wait)
+
+    if threading.current_thread() is not threading.main_thread():
+        return stages()  # signals reach only the main thread: nothing to catch here
+    done: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            done["runs"] = stages()
+        except BaseException as e:  # handed to the main thread, raised there
+            done["error"] = e
+
+    def on_signal(signo: int, _frame: object) -> None:
+        interrupt(f"{signal.Signals(signo).name} to pid {os.getpid()}")
+
+    thread = threading.Thread(target=worker, name="hangar-stages", daemon=True)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread.start()
+        while thread.is_alive() and interrupted() is None:
+            thread.join(0.2)
+        if (why := interrupted()) is not None:
+            thread.join(INTERRUPT_GRACE_S)  # the cut-off trials are stored, the run ends
+            failed = _fail_runs_in_flight(exp, why) if thread.is_alive() else []
+            raise Interrupted(why, failed)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if "error" in done:
+        raise done["error"]
+    runs: list[str] = done["runs"]
+    return runs
+
+
+def _fail_runs_in_flight(exp: ResolvedExperiment, why: str) -> list[str]:
+    """Mark failed the runs of ``exp`` this process leaves behind, so ``resume`` may start.
+
+    ``resume`` refuses beside a run in flight, and this one's process is about to exit.
+    """
+    from hangar_dagster.orchestration.sensors import IN_FLIGHT
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT
+
+    failed = []
     with dg.DagsterInstance.get() as instance:
-        return run_stages(exp, instance, store, settings, say=say)
+        for run in instance.get_runs(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id})):
+            if run.status in IN_FLIGHT:
+                instance.report_run_failed(run, f"{why}; its process exited")
+                failed.append(run.run_id)
+    return failed

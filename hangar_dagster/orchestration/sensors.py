@@ -2,8 +2,9 @@
 
 It launches the setup stages once, then a trials run whenever the eval queue
 has work for the experiment and nothing blocks it (new keys, and infra-error
-retries within the retry rules: this is the infra-retry sensor), and the index
-after each trials run. At most one run of an experiment is in flight at a time.
+retries within the retry rules: this is the infra-retry sensor), or a finished
+trial waits for its grade (then whatever blocks starts), and the index after
+each trials run. At most one run of an experiment is in flight at a time.
 
 When the window opens, the trials of an experiment that was already waiting
 belong to the window's opening schedule (schedules.py) for ``OPEN_GRACE``; the
@@ -146,11 +147,13 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             # else it failed: a person looks before anything else starts
             continue
         trials_runs = runs.get("trials", [])
-        if pending(exp, store, settings):
+        if work := pending(exp, store, settings):
             why = blocker(exp, store, settings, now)
             if why is None and not started_since(trials_runs, window.opens_at(now)):
                 why = schedule_grace(exp, window, now)
-            if why is None:
+            # A finished trial without a grade is graded by a trials run (its grades asset)
+            # whatever holds the starts back: that run starts no trial while blocked.
+            if why is None or work.grades:
                 out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
                 continue
             out.waiting.append(f"{exp.experiment_id}: {why}")

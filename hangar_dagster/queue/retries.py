@@ -32,6 +32,7 @@ INFRA_REASONS: dict[str, str] = {
     "internal": "an unexpected error in hangar itself",
     "drift": "the first turn did not run what was pinned (harness or environment digest)",
     "power_down": "the end-of-window drain cancelled it",
+    "interrupted": "SIGINT or SIGTERM stopped `hangar experiment run --wait` (or `resume`)",
     "preempted": "its node was preempted",
     "provider_5xx": "the model provider answered 5xx",
     "rate_limit": "the provider rate-limited it past its harness's own retries",
@@ -39,15 +40,15 @@ INFRA_REASONS: dict[str, str] = {
 }
 # A drifted trial did not run what was pinned; running it again would not either.
 NEVER_RETRIED = frozenset({"drift"})
-# A drain or a restart cuts off every trial in flight at once, whatever their health: their
-# retries leave the experiment's 10% cap alone (else one restart with `parallel` trials in
-# flight would use it up). The per-key limit still bounds them.
-CAP_EXEMPT = frozenset({"power_down", "control_plane_restart"})
+# A drain, a restart or an interrupt cuts off every trial in flight at once, whatever their
+# health: their retries leave the experiment's 10% cap alone (else one restart with `parallel`
+# trials in flight would use it up). The per-key limit still bounds them.
+CAP_EXEMPT = frozenset({"power_down", "control_plane_restart", "interrupted"})
 # Infra errors that say nothing about the provider's or cluster's health: a scheduled drain,
 # a pin mismatch, one restart that cuts off every trial in flight at once. They neither
 # extend nor reset the breaker's streak; every other infra_error (unknown ones included)
 # extends it.
-BREAKER_NEUTRAL = frozenset({"drift", "power_down", "control_plane_restart"})
+BREAKER_NEUTRAL = frozenset({"drift", "power_down", "control_plane_restart", "interrupted"})
 
 EvidenceClass = Literal["execution_failure", "evidence_failure", "admissible"]
 

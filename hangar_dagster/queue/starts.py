@@ -5,7 +5,8 @@ and the trials asset, so the three never disagree:
 
 - ``pending`` lists the trial keys with no attempt yet and the infra-error
   keys the retry rules allow again (``retries.plan_retries``), leaving out
-  every trial of a task its base check found invalid (``invalid_tasks``);
+  every trial of a task its base check found invalid (``invalid_tasks``),
+  and the finished attempts still waiting for a grade (``ungraded``);
 - ``blocker`` says why no trial may start now: the eval window is closed
   (``eval_window``), a monthly budget is spent (``budget``) or the outage
   breaker tripped (``outage``);
@@ -48,13 +49,40 @@ class Pending:
     new: list[TrialKey] = field(default_factory=list)
     retries: dict[str, Retry] = field(default_factory=dict)  # trial key -> its next attempt
     notes: list[str] = field(default_factory=list)
+    # Keys whose counting attempt finished but has no grade (a crash between the two):
+    # grading starts no trial, so no blocker holds it back.
+    grades: list[TrialKey] = field(default_factory=list)
 
     @property
     def keys(self) -> list[TrialKey]:
+        """The trials to start (new keys and retries); not the grades."""
         return sorted(self.new + [TrialKey.parse(k) for k in self.retries])
 
     def __bool__(self) -> bool:
-        return bool(self.new or self.retries)
+        return bool(self.new or self.retries or self.grades)
+
+
+def waiting_grades_note(n: int) -> str:
+    """What the index, ``get`` and ``run --wait`` say while grades are missing."""
+    return f"{n} trial{' waits' if n == 1 else 's wait'} for a grade; the pass rate is not final"
+
+
+def ungraded(exp: ResolvedExperiment, store: Store) -> list[TrialKey]:
+    """Planned keys whose highest attempt can be graded (it is not an infra error) and has none.
+
+    The grades stage (``grading.stage.run_grades``) grades exactly the highest attempt of
+    each key that has no grade; an infra error gets only a "not graded" placeholder there,
+    and is retried or ends the key, so it never waits for a grade.
+    """
+    planned = {k.key: k for k in exp.trial_keys()}
+    graded = {(g.trial_key, g.attempt) for g in store.grades(exp.experiment_id, all_attempts=True)}
+    return sorted(
+        planned[t.trial_key]
+        for t in store.trials(exp.experiment_id)
+        if t.trial_key in planned
+        and t.outcome_class != "infra_error"
+        and (t.trial_key, t.attempt) not in graded
+    )
 
 
 def base_checks_stored(exp: ResolvedExperiment, store: Store) -> bool:
@@ -97,6 +125,7 @@ def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pendin
         new=[k for k in new if k.task not in invalid],
         retries={k: r for k, r in retries.items() if TrialKey.parse(k).task not in invalid},
         notes=notes,
+        grades=ungraded(exp, store),
     )
 
 

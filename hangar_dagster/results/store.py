@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -104,8 +104,24 @@ class Store:
                 )
         if isinstance(record, GradeRecord) and record.tests:
             # First: a grade in the store always has its per-test rows.
+            self._drop_orphan_tests(row)
             self._put_rows(BY_NAME["grade_tests"], record.tests)
         self._put_rows(table, [record], [row])
+
+    def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
+        """Remove the per-test rows of an attempt that has no grade: a crash between the two
+        writes left them, and its regrade writes its own (no grade refers to the orphans)."""
+        if (self.paths.parquet / BY_NAME["grades"].relpath(grade_row)).exists():
+            return  # graded: the second write is refused as a duplicate, tests and all
+        tests = self.paths.parquet / BY_NAME["grade_tests"].relpath(grade_row)
+        if not tests.exists():
+            return
+        tests.unlink()
+        with suppress(StoreUnavailable), self._db() as con:
+            con.execute(
+                "DELETE FROM grade_tests WHERE experiment_id = ? AND trial_key = ? AND attempt = ?",
+                [grade_row["experiment_id"], grade_row["trial_key"], grade_row["attempt"]],
+            )
 
     def _put_rows(
         self, table: Table, records: list[Any], rows: list[dict[str, Any]] | None = None

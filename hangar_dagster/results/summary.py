@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.queue.starts import pending, waiting_reason
+from hangar_dagster.queue.starts import invalid_tasks, pending, waiting_grades_note, waiting_reason
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
@@ -24,6 +24,44 @@ class IndexSummary:
     passed: int
     invalid_tasks: list[str]
     duckdb: Path
+    waiting_grades: int = 0  # finished trials with no grade yet: the pass rate is not final
+    unfinished: list[str] = field(default_factory=list)  # ``unfinished``: why it is not complete
+
+    @property
+    def complete(self) -> bool:
+        """Every planned trial (of a valid task) has a counted attempt and a grade."""
+        return not self.unfinished
+
+
+def unfinished(
+    exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
+) -> list[str]:
+    """Why ``exp`` is not complete, one sentence per cause; empty when it is.
+
+    Complete means every planned key of a valid task has a counted attempt (not an
+    infra error) and that attempt has a grade. Keys of a task its base check found
+    invalid never run by design (``queue.starts.pending``) and do not keep it open.
+    """
+    work = pending(exp, store, settings)
+    out = []
+    if work.keys:
+        why = waiting_reason(exp, store, settings, now) or "ready to start"
+        out.append(f"{len(work.keys)} trial(s) not run: {why}")
+    if work.grades:
+        out.append(waiting_grades_note(len(work.grades)))
+    invalid = invalid_tasks(exp, store)
+    retried = set(work.retries)
+    ended = sorted(
+        t.trial_key
+        for t in store.trials(exp.experiment_id)
+        if t.outcome_class == "infra_error" and t.trial_key not in retried and t.task not in invalid
+    )
+    if ended:
+        out.append(
+            f"{len(ended)} trial(s) ended as infra_error with no retry: "
+            + ("; ".join(work.notes) if work.notes else ", ".join(ended))
+        )
+    return out
 
 
 def summarize(
@@ -35,11 +73,20 @@ def summarize(
         variants=summary,
         trial_keys=len(store.index(exp.experiment_id)),
         pending_trials=len(work.keys),
-        # Why trials are still missing, if they are: the window, a spent budget, the breaker.
-        waiting_for=waiting_reason(exp, store, settings, now) if work else None,
+        # Why trials are still missing, if they are: the window, a spent budget, the breaker;
+        # else why the pass rate is not final yet.
+        waiting_for=(
+            waiting_reason(exp, store, settings, now)
+            if work.keys
+            else waiting_grades_note(len(work.grades))
+            if work.grades
+            else None
+        ),
         queue_notes=list(work.notes),
         graded=sum(int(s["graded"]) for s in summary),
         passed=sum(int(s["passed"]) for s in summary),
         invalid_tasks=[t for t, c in store.base_checks(exp.experiment_id).items() if c.invalid],
         duckdb=store.paths.duckdb,
+        waiting_grades=len(work.grades),
+        unfinished=unfinished(exp, store, settings, now),
     )

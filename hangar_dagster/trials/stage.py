@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from hangar_dagster.experiment.overlay import record_pins as record_overlay_pins
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
-from hangar_dagster.queue.drain import DrainWatcher, drain_marker
+from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
 from hangar_dagster.queue.partitions import NOT_PENDING, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
 from hangar_dagster.queue.starts import TokenThrottle, blocker, pending, record_queue_notes
@@ -83,6 +83,8 @@ def run_trials(
     throttle = TokenThrottle(store.tokens_finished_since, settings.tpm_budget)
 
     def drain_reason(now: dt.datetime) -> str | None:
+        if cut := interrupted():  # a signal to this process: its trials end, not drain
+            return cut
         if drain_marker(paths, run_id).exists():
             return "power_down: drain requested"
         return (
@@ -95,7 +97,12 @@ def run_trials(
 
         def one(key: TrialKey) -> TrialRecord | str:
             throttle.wait(cancelled=watcher.cancel.is_set)
-            why = watcher.why or blocker(exp, store, settings, dt.datetime.now(dt.UTC))
+            # An interrupt stops starts at once, not at the watcher's next look.
+            why = (
+                interrupted()
+                or watcher.why
+                or blocker(exp, store, settings, dt.datetime.now(dt.UTC))
+            )
             if why:
                 return why  # not started; a later run picks it up
             retry = work.retries.get(key.key)

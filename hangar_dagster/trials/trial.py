@@ -56,6 +56,7 @@ from hangar_dagster.experiment.plan import (
     TrialKey,
 )
 from hangar_dagster.grading.signals import canary_hits
+from hangar_dagster.queue.drain import TrialCancel
 from hangar_dagster.results.records import OutcomeClass, TrialRecord, utcnow
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.standins.agent import sandbox_path
@@ -101,7 +102,7 @@ class TrialRequest:
 
 
 def _drained(req: TrialRequest, run: AgentRun | None = None) -> None:
-    """End the attempt as power_down if the drain reached it while it was drainable.
+    """End the attempt as power_down (or interrupted) if the drain reached it while drainable.
 
     Before the agent ran, any drain counts. After it, only one that stopped the agent: an
     agent that ended by itself (an exit code, its time limit, its budget) keeps its outcome,
@@ -111,9 +112,9 @@ def _drained(req: TrialRequest, run: AgentRun | None = None) -> None:
         return
     if run is not None and (run.exit_code is not None or run.timed_out or run.budget_stopped):
         return
-    raise InfraError(
-        "power_down", "drained at the end of the eval window; runs again in the next one"
-    )
+    # The drain (power_down) or an interrupt of this process (interrupted) says which.
+    cut = req.cancel if isinstance(req.cancel, TrialCancel) else TrialCancel()
+    raise InfraError(cut.reason, cut.message)
 
 
 class InfraError(Exception):

@@ -73,6 +73,8 @@ def store_all_but_one_drained(exp: ResolvedExperiment) -> None:
                 infra_reason="power_down" if drained else None,
             )
         )
+        if not drained:  # the trials run grades what it ran
+            store.put(f.grade(v, t, int(r), experiment_id=exp.experiment_id))
 
 
 def test_trials_wait_for_the_window_then_start_and_retry(queued: ResolvedExperiment) -> None:
@@ -99,6 +101,31 @@ def test_trials_wait_for_the_window_then_start_and_retry(queued: ResolvedExperim
             instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 2, 20, 5, tzinfo=NY)
         )
         assert [r.run_key for r in next_night.requests] == [f"{queued.experiment_id}:trials:2"]
+
+
+def test_a_trial_left_ungraded_gets_a_trials_run_even_while_the_window_is_closed(
+    queued: ResolvedExperiment,
+) -> None:
+    # The run worker died between a trial and its grade: only a trials run (its grades asset)
+    # grades it, and grading starts no trial, so the closed window does not hold it back.
+    store = Store(paths())
+    for key in queued.trial_keys():
+        store.put(f.attempt_of(queued.experiment_id, key.key, 1))
+        if key.key != "plain/median/1":
+            store.put(
+                f.grade(key.variant, key.task, key.replicate, experiment_id=queued.experiment_id)
+            )
+    afternoon = dt.datetime(2027, 7, 1, 14, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        stage_run(instance, queued, "trials")
+        stage_run(instance, queued, "index")
+        got = decide(instance, f.settings(NIGHTLY), afternoon)
+        assert [r.run_key for r in got.requests] == [f"{queued.experiment_id}:trials:2"]
+        store.put(f.grade("plain", "median", 1, experiment_id=queued.experiment_id))
+        stage_run(instance, queued, "trials")
+        stage_run(instance, queued, "index")
+        assert decide(instance, f.settings(NIGHTLY), afternoon).requests == []
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,24 @@ def test_the_watcher_cancels_every_trial_it_handed_out() -> None:
     assert len(asked) == asks, "once drained the watcher stops asking"
 
 
+def test_an_interrupt_cuts_trials_off_as_interrupted_not_power_down(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    go = threading.Event()
+    why = "interrupted: SIGINT to pid 1"
+    with DrainWatcher(lambda _now: why if go.is_set() else None, interval_s=0.01) as watcher:
+        running = watcher.trial_cancel()
+        go.set()
+        assert watcher.cancel.wait(5)
+        late = watcher.trial_cancel()
+    for cancel in (running, late):
+        req = TrialRequest(exp, exp.trial_keys()[0], 1, None, "run-1", cancel=cancel)
+        with pytest.raises(InfraError) as cut:
+            _drained(req)
+        assert cut.value.reason == "interrupted" and "runs again on resume" in str(cut.value)
+
+
 def agent_run(exit_code: int | None, **kw: bool) -> AgentRun:
     return AgentRun(exit_code, kw.get("timed_out", False), [], 0, 0, 0, 0.0, {}, "", None,
                     kw.get("budget_stopped", False))  # fmt: skip

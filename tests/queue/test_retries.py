@@ -179,6 +179,23 @@ def test_power_down_retries_are_exempt_from_the_cap() -> None:
     assert plan.notes[0].endswith("not retried: v/t2/1")
 
 
+def test_interrupted_trials_are_retried_like_power_downs() -> None:
+    # SIGINT to `run --wait` cut off t1 and t2 at once: both come back, the cap (1) untouched,
+    # and the breaker (streak 1) is not tripped by them.
+    attempts = [
+        _infra("t1", reason="interrupted", minute=1),
+        _infra("t2", reason="interrupted", minute=1),
+        _infra("t3", reason="preempted", minute=2),
+    ]
+    plan = plan_retries(attempts, 9, Settings.from_env({}).infra_retries)
+    assert [(r.trial_key, r.counts_toward_cap) for r in plan.retries] == [
+        ("v/t1/1", False),
+        ("v/t2/1", False),
+        ("v/t3/1", True),
+    ]
+    assert outage_streak(attempts[:2]) == (0, [])
+
+
 def test_earlier_power_down_retries_leave_the_cap_unused() -> None:
     attempts = [
         _infra("t0", 1, reason="power_down"),

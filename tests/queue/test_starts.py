@@ -58,6 +58,40 @@ def test_pending_lists_untried_keys_and_allowed_retries(exp: ResolvedExperiment)
     assert [k.key for k in work.keys][:2] == ["plain/durations/1", "plain/durations/2"]
 
 
+def test_finished_attempts_without_a_grade_are_pending_work(exp: ResolvedExperiment) -> None:
+    # A crash between a trial and its grade: pending must carry the grade, or nothing grades it.
+    store = Store(paths())
+    graded = attempt(exp, "plain/median/1", 1)
+    store.put(graded)
+    store.put(f.grade("plain", "median", 1, experiment_id=exp.experiment_id))
+    store.put(attempt(exp, "plain/median/2", 1))  # finished, never graded
+    store.put(attempt(exp, "plain/median/3", 1, outcome_class="agent_error"))  # gradeable too
+    store.put(
+        attempt(exp, "plain/durations/1", 1, outcome_class="infra_error", infra_reason="drift")
+    )
+    # Attempt 1 was graded, attempt 2 (the one that counts) was not.
+    store.put(
+        attempt(exp, "plain/durations/2", 1, outcome_class="infra_error", infra_reason="preempted")
+    )
+    store.put(f.grade("plain", "durations", 2, experiment_id=exp.experiment_id, passed=False))
+    store.put(attempt(exp, "plain/durations/2", 2))
+    work = pending(exp, store, f.settings())
+    assert [k.key for k in work.grades] == [
+        "plain/durations/2",
+        "plain/median/2",
+        "plain/median/3",
+    ]
+    assert "plain/median/2" not in {k.key for k in work.keys}  # graded, never run again
+    # Grades alone are work: pending is not empty once every trial ran.
+    tried = {t.trial_key for t in store.trials(exp.experiment_id)}
+    for key in (k for k in exp.trial_keys() if k.key not in tried):
+        store.put(attempt(exp, key.key, 1))
+        store.put(f.grade(key.variant, key.task, key.replicate, experiment_id=exp.experiment_id))
+    only_grades = pending(exp, store, f.settings())
+    assert only_grades and not only_grades.keys
+    assert [k.key for k in only_grades.grades] == [k.key for k in work.grades]
+
+
 def test_trials_of_an_invalid_task_never_start_and_a_queue_note_says_why(
     exp: ResolvedExperiment,
 ) -> None:

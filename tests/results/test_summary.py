@@ -56,3 +56,22 @@ def test_pending_trials_say_they_wait_for_the_window(example_dir: Path, hangar_h
     closed = parse_window("22:00-23:00", "UTC")
     got = summarize(exp, Store(paths()), f.settings(closed), NOW)
     assert got.waiting_for is not None and got.waiting_for.startswith("eval_window: ")
+
+
+def test_an_ungraded_trial_keeps_the_experiment_incomplete_and_says_so(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    store = Store(paths())
+    eid = exp.experiment_id
+    first, *rest = exp.trial_keys()
+    store.put(f.attempt_of(eid, first.key, 1))  # its grade was lost in a crash
+    for key in rest:
+        store.put(f.attempt_of(eid, key.key, 1))
+        store.put(f.grade(key.variant, key.task, key.replicate, experiment_id=eid))
+    got = summarize(exp, store, f.settings(parse_window("22:00-23:00", "UTC")), NOW)
+    assert (got.pending_trials, got.waiting_grades, got.complete) == (0, 1, False)
+    assert got.waiting_for == "1 trial waits for a grade; the pass rate is not final"
+    store.put(f.grade(first.variant, first.task, first.replicate, experiment_id=eid))
+    done = summarize(exp, store, f.settings(parse_window("always")), NOW)
+    assert (done.waiting_grades, done.complete, done.waiting_for) == (0, True, None)
