@@ -257,6 +257,22 @@ HONEST_CLASS_SOURCE = (
     "    def __eq__(self, other):\n"
     "        return self.value == other if isinstance(other, int) else NotImplemented\n"
 )
+# A module of the repo's own loader: its code claims a stdlib path (the loader compiles it, no
+# exec in the repo). The reporter takes it as the patch's since the loader running is.
+FOREIGN_LOADER = (
+    "import importlib.abc\nimport importlib.util\nimport sys\n\n"
+    "SRC = {src!r}\n\n\n"
+    "class _Loader(importlib.abc.SourceLoader):\n"
+    "    def get_filename(self, fullname):\n        return '/usr/lib/python3/inspect.py'\n\n"
+    "    def get_data(self, path):\n        return SRC.encode()\n\n\n"
+    "class _Finder(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name == 'calc_impl':\n"
+    "            return importlib.util.spec_from_loader(name, _Loader())\n"
+    "        return None\n\n\n"
+    "sys.meta_path.insert(0, _Finder())\n"
+    "from calc_impl import add  # noqa: E402\n"
+)
 # Always-equal objects whose comparison is not a method named __eq__ / __ne__ in a repo file: a
 # function assigned under another name, a metaclass's lambda, a partialmethod, a class compiled
 # from a string, one that equals every int but not a fresh object(). The reporter judged them by
@@ -317,6 +333,13 @@ COMPARISON_CASES = [
             f"NS = {{}}\nexec(compile({HONEST_CLASS_SOURCE!r}, '<fix>', 'exec'), NS)\n\n\n"
             "def add(a, b):\n    return NS['Sum'](a + b)\n"
         )},
+    ),
+    Case(
+        "loader_foreign_filename",
+        {"calc.py": FOREIGN_LOADER.format(src=PEEK)},
+        passed=None,
+        signal="run: repo code read a frame (/usr/lib/python3/inspect.py, made by repo code)",
+        control={"calc.py": FOREIGN_LOADER.format(src=FIXED_CALC)},
     ),
     Case(
         "equal_to_every_int",
