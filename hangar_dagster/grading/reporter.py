@@ -19,9 +19,11 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
   (pytest's or this reporter's internals replaced, hooks registered from the
   repo, a skip or exit raised by repo code, the JUnit or report pipe opened by
   repo code, a function's code swapped, a test function swapped after
-  collection, a TestCase's result rewired) and not fatal when it is only
-  suspicious (a caller's frame read, the garbage collector's objects walked,
-  an ``__eq__`` from the repo called by a test);
+  collection, a TestCase's result rewired, an always-equal object of the
+  patch's reached by a comparison) and not fatal when it is only suspicious (a
+  caller's frame read, the garbage collector's objects walked). Code is the
+  patch's by where it came from (``_provenance``), comparisons are judged by
+  behaviour (``_comparisons``), never by a name;
 - ``end``: the session finished (its exit status).
 
 Everything the reporter uses once repo code may run is held in closures made
@@ -39,10 +41,13 @@ given (the grader's contract, not operator settings), so it reads its environmen
 from __future__ import annotations
 
 import builtins
+import dis
+import inspect
 import os
 import re
 import sys
 import threading
+import time
 import types
 import unittest.case
 import xml.etree.ElementTree
@@ -172,6 +177,232 @@ def _snapshotter() -> Callable[[], dict[str, object]]:
     return take
 
 
+# Audit events through which code comes to exist at run time: source compiled, code run, a code
+# object or a function built by hand.
+_MADE_EVENTS = ("compile", "exec", "code.__new__", "function.__new__")
+# The instructions of a comparison: ``==``, ``!=``, ``<``, ... and ``in`` / ``not in``.
+_COMPARE_OPS = frozenset({dis.opmap["COMPARE_OP"], dis.opmap["CONTAINS_OP"]})
+# How far the code that made code is looked for up the stack, and how long a probe may run.
+_MAKER_DEPTH, _PROBE_STEPS, _PROBE_SECONDS = 8, 100_000, 0.5
+
+
+def _provenance(
+    repo: str,
+) -> tuple[Callable[[types.CodeType], bool], Callable[[types.CodeType], str | None], Callable[[str, tuple[Any, ...]], None]]:  # fmt: skip
+    """``is_patch(code)``, ``where(code)`` and the audit hook that decide which code is the patch's.
+
+    By where code came from, not the filename it claims: a file of the repo, or code that
+    repo code made while it ran (source it compiled, exec'd or eval'd, a code object or
+    function it built, a module its own loader loaded), whatever ``co_filename`` that says.
+    The hook sees every ``compile`` / ``exec`` / ``code.__new__`` / ``function.__new__``
+    from the moment the reporter loads, before any repo code can run.
+    """
+    getframe, is_a, kind, attr, span, text = sys._getframe, isinstance, type, getattr, range, str
+    length = len
+    code_type, function_type = types.CodeType, types.FunctionType
+    method_types = (types.FunctionType, classmethod, staticmethod)
+    names, made_events, depth = vars, _MADE_EVENTS, _MAKER_DEPTH
+    files: set[str] = set()  # filenames the patch compiled or built code under
+    codes: dict[int, types.CodeType] = {}  # code objects it ran or built (held: ids stay unique)
+    local = threading.local()
+
+    def is_patch(code: types.CodeType) -> bool:
+        name = code.co_filename
+        return name.startswith(repo) or name in files or codes.get(id(code)) is code
+
+    def where(code: types.CodeType) -> str | None:
+        name = code.co_filename
+        if name.startswith(repo):
+            return name[length(repo) :]
+        if name in files or codes.get(id(code)) is code:
+            return f"{name}, made by repo code"
+        return None
+
+    def mark(code: types.CodeType) -> None:
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            if codes.get(id(c)) is not c:
+                codes[id(c)] = c
+                todo.extend(k for k in c.co_consts if is_a(k, code_type))
+
+    def patch_class(cls: type) -> bool:
+        """A class with a method of the patch's (a loader the repo defined)."""
+        for klass in cls.__mro__[:-1]:
+            for v in names(klass).values():
+                func: Any = attr(v, "__func__", v) if is_a(v, method_types) else None
+                if kind(func) is function_type and is_patch(func.__code__):
+                    return True
+        return False
+
+    def made_by_patch(frame: FrameType | None) -> bool:
+        """Repo code among the callers, or the import system running the patch's own loader."""
+        for _ in span(depth):
+            if frame is None:
+                return False
+            if is_patch(frame.f_code):
+                return True
+            if frame.f_code.co_filename.startswith("<frozen importlib"):
+                # The import system compiles each module under its real path (the repo's are the
+                # repo's by that); a module is the patch's also when the loader running is.
+                while frame is not None and frame.f_code.co_filename.startswith(
+                    "<frozen importlib"
+                ):
+                    loader = frame.f_locals.get("self")
+                    if loader is not None and patch_class(kind(loader)):
+                        return True
+                    frame = frame.f_back
+                return False
+            frame = frame.f_back
+        return False
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event not in made_events or attr(local, "busy", False):
+            return
+        local.busy = True
+        try:
+            if not made_by_patch(getframe(1)):
+                return
+            if event in ("compile", "code.__new__"):
+                # A claimed path (a stdlib file's, say) marks all code under it. "<string>" and
+                # the like are shared with code the stdlib generates (dataclasses): only the
+                # code objects the patch runs or builds are marked, below.
+                if length(args) > 1 and kind(args[1]) is text and not args[1].startswith("<"):
+                    files.add(args[1])
+            elif args and is_a(args[0], code_type):
+                mark(args[0])
+        finally:
+            local.busy = False
+
+    return is_patch, where, audit
+
+
+def _comparisons(
+    repo: str,
+    is_patch: Callable[[types.CodeType], bool],
+    where: Callable[[types.CodeType], str | None],
+    tamper: Callable[[str, bool], None],
+) -> tuple[Callable[[FrameType, str, object], None], Callable[[], None]]:
+    """``watch`` (a profile function) and ``probe``: always-equal objects of the patch, by behaviour.
+
+    ``watch`` notes the object whose code runs when a comparison made outside the patch
+    (``==``, ``!=``, ordering, ``in``: the caller's instruction is a comparison) calls into
+    the patch's code, whatever that code is named. ``probe``, after the test's call and
+    outside the profile, compares each with a fresh ``object()`` and with a value of the
+    other operand's builtin type it never saw, under a step and time bound. Equal to either
+    (or ``<=`` and ``>=`` it, or ``<`` and ``>``) is an always-equal object: fatal, since no
+    honest value equals an object it has never seen. A container is not asked whether it
+    holds a fresh ``object()``: an honest universal set (packaging's empty ``SpecifierSet``)
+    does. An honest value object answers ``NotImplemented``,
+    ``False`` or raises an ``Exception`` (a refusal, not a signal); anything else it raises,
+    and a probe that runs out of steps or time, is fatal: it hides the answer.
+    """
+    compare_ops = _COMPARE_OPS
+    kind, truth, new_object, length, text = type, bool, object, len, str
+    gettrace, settrace, monotonic = sys.gettrace, sys.settrace, time.monotonic
+    max_steps, max_seconds, varargs_flag = _PROBE_STEPS, _PROBE_SECONDS, inspect.CO_VARARGS
+    growable = (int, float, str, bytes)
+    # One object per kind (its class, the code reached, the other operand's class) per test:
+    # a test comparing a thousand Versions probes one (probing each cost 1 ms a test).
+    pending: dict[tuple[type, int, type], tuple[object, object, types.CodeType]] = {}
+
+    class OutOfSteps(BaseException):
+        """Raised into a probe that ran too long."""
+
+    def watch(frame: FrameType, event: str, arg: object) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if not is_patch(code):
+            return
+        back = frame.f_back
+        # The repo comparing its own values decides nothing by itself (and is most of them). By
+        # its real files only: code made under a hidden test's filename must not hide the test.
+        caller = back.f_code if back is not None else None
+        if caller is None or caller.co_filename.startswith(repo) or caller.co_code[back.f_lasti] not in compare_ops:  # type: ignore[union-attr]  # fmt: skip
+            return
+        values = frame.f_locals
+        params = code.co_varnames
+        if code.co_argcount:
+            obj = values.get(params[0])
+            other = values.get(params[1]) if code.co_argcount > 1 else None
+        elif code.co_flags & varargs_flag:
+            packed = values.get(params[code.co_kwonlyargcount], ())
+            obj = packed[0] if packed else None
+            other = packed[1] if length(packed) > 1 else None
+        else:
+            return
+        key = (kind(obj), id(code), kind(other))  # a code object's hash is not cached: its id
+        if key not in pending:
+            pending[key] = (obj, other, code)
+
+    def lies(obj: object, other: object) -> str | None:
+        def ask(question: Callable[[], object]) -> bool | None:
+            try:
+                return truth(question())
+            except Exception:  # an honest refusal: TypeError, InvalidVersion, ...
+                return None
+
+        stranger = new_object()
+        if ask(lambda: obj == stranger) or ask(lambda: stranger == obj):
+            return "equal to a fresh object()"
+        if ask(lambda: obj != stranger) is False:
+            return "not unequal to a fresh object()"
+        if (ask(lambda: obj <= stranger) and ask(lambda: obj >= stranger)) or (  # type: ignore[operator]
+            ask(lambda: obj < stranger) and ask(lambda: obj > stranger)  # type: ignore[operator]
+        ):
+            return "ordered both ways against a fresh object()"
+        if kind(other) in growable:
+            unseen = other + ("\0hangar" if kind(other) is str else b"\0" if kind(other) is bytes else 7919)  # type: ignore[operator]  # fmt: skip
+            if unseen != other and ask(lambda: obj == unseen) and ask(lambda: obj == other):
+                return f"equal to {kind(other).__name__} values it never saw"
+        return None
+
+    def bounded(run: Callable[..., object], *args: object) -> tuple[object, str | None]:
+        """``run(*args)`` under a step and time bound: (its result, or None and what went wrong)."""
+        steps, deadline = [0], monotonic() + max_seconds
+
+        # Calls only (line events would cost more than the probe); a loop that calls nothing runs on
+        # until the grader's time limit fails the grade.
+        def count(frame: FrameType, event: str, arg: Any) -> Any:
+            steps[0] += 1
+            if steps[0] > max_steps or monotonic() > deadline:
+                raise OutOfSteps
+            return None
+
+        previous = gettrace()
+        settrace(count)
+        try:
+            return run(*args), None
+        except OutOfSteps:
+            return None, "ran out of steps or time"
+        except BaseException as exc:  # noqa: BLE001 - a skip, an exit: never a value's answer
+            return None, f"raised {kind(exc).__name__}"
+        finally:
+            settrace(previous)
+
+    def named(obj: object) -> str:
+        return f"{kind(obj).__module__}.{kind(obj).__qualname__}"
+
+    def probe() -> None:
+        found = [*pending.values()]
+        pending.clear()
+        for obj, other, code in found:
+            at = where(code) or code.co_filename
+            # A metaclass's attributes are the patch's code too: even the name is bounded.
+            name = text(bounded(named, obj)[0] or "?")
+            lie, trouble = bounded(lies, obj, other)
+            if lie:
+                tamper(f"an always-equal object from {at} ({name}): {lie}", True)
+            elif trouble:
+                # An answer the probe cannot get hides one: fatal too (no honest value stalls,
+                # exits or skips when asked about a stranger).
+                tamper(f"a comparison probe of an object from {at} ({name}) {trouble}", True)
+        del found
+
+    return watch, probe
+
+
 # Namespaces that gain names legitimately while pytest runs (only replacements count there).
 _GROWING = ("builtins.",)
 
@@ -217,18 +448,22 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
             seen.add(what)
             send("tamper", what=what, fatal=fatal)
 
+    # Which code is the patch's (by where it came from), and its comparisons judged by behaviour.
+    is_patch, where, provenance_audit = _provenance(repo)
+    watch, probe = _comparisons(repo, is_patch, where, tamper)
+
     def junit_id(nodeid: str) -> str:
         parts = mangle(nodeid)
         classname = ".".join(parts[:-1])
         return f"{classname}::{parts[-1]}" if classname else parts[-1]
 
     def repo_file(frame: FrameType | None, depth: int = 1) -> str | None:
-        """The repo file of the first ``depth`` frames from ``frame``, if one is the repo's."""
+        """Where the first of ``depth`` frames from ``frame`` that runs the patch's code came from."""
         for _ in span(depth):
             if frame is None:
                 return None
-            if frame.f_code.co_filename.startswith(repo):
-                return frame.f_code.co_filename[length(repo) :]
+            if found := where(frame.f_code):
+                return found
             frame = frame.f_back
         return None
 
@@ -268,10 +503,8 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                     return
                 tb = tb.tb_next
 
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame.f_code.co_name in ("__eq__", "__ne__"):
-            if where := repo_file(frame):
-                tamper(f"a test compared with {frame.f_code.co_name} from {where}", False)
+    # During a test's call: comparisons that reach the patch's code, probed once the call ends.
+    profile = watch
 
     def shadowed(obj: object, cls: type) -> list[str]:
         """Methods of ``cls`` that ``obj`` overrides on itself, or its class when it was swapped.
@@ -308,9 +541,8 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
         for name in watched_hooks:
             for impl in attr(config.hook, name).get_hookimpls():
                 code = attr(impl.function, "__code__", None)
-                if code is not None and code.co_filename.startswith(repo):
-                    where = code.co_filename[length(repo) :]
-                    send("tamper", what=f"hook {name} registered from repo code ({where})", fatal=True)  # fmt: skip
+                if code is not None and (found := where(code)):
+                    send("tamper", what=f"hook {name} registered from repo code ({found})", fatal=True)  # fmt: skip
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(config: pytest.Config) -> None:
@@ -425,6 +657,7 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
             result = yield
         except BaseException as exc:
             setprofile(previous)
+            probe()
             raised_by_repo(exc, exc.__traceback__)
             send("call", id=test_id, raised=kind(exc).__name__)
             raise
@@ -433,6 +666,7 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                 if own_attrs.pop(name, None) is not wrapper:
                     send("tamper", what=f"unittest result of {test_id} rewired during the test", fatal=True)  # fmt: skip
         setprofile(previous)
+        probe()
         send("call", id=test_id, raised=verdict(results) if wrappers else None)
         return result
 
@@ -465,10 +699,12 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
             result = yield
         except BaseException as exc:
             setprofile(previous)
+            probe()
             raised_by_repo(exc, exc.__traceback__)
             send("call", id=test_id, raised=kind(exc).__name__)
             raise
         setprofile(previous)
+        probe()
         send("call", id=test_id, raised=None)
         return result
 
@@ -482,7 +718,8 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
              pytest_sessionfinish)  # fmt: skip
     own = (send, tamper, junit_id, repo_file, audit, profile, shadowed, check, test_code, *hooks,
            raised_by_repo, expects_failure, unittest_results_of, verdict, take_snapshot, _writer,
-           _snapshotter)  # fmt: skip
+           _snapshotter, is_patch, where, provenance_audit, watch, probe, _provenance,
+           _comparisons)  # fmt: skip
     codes = tuple((f, f.__code__) for f in own)
     status = {}
     with open("/proc/self/status") as f:
@@ -492,6 +729,7 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                 status[key] = v.split()[0]
     send("start", uid=int(status["Uid"]), cap_eff=status["CapEff"],
          no_new_privs=status["NoNewPrivs"] == "1")  # fmt: skip
+    sys.addaudithook(provenance_audit)
     sys.addaudithook(audit)
     return hooks
 

@@ -39,18 +39,6 @@ NEEDS_BUILD = {
     "slugify-normalize-twice": "requires text-unidecode",
     "slugify-uppercase-pretranslation": "requires text-unidecode",
 }
-# Honest references whose tests compare value objects (Version, Marker, Specifier, ...): the
-# reporter flags any repo __eq__ / __ne__ a test calls, by its name (docs/grading.md, "The
-# corpus"). Judging comparisons by behaviour instead is issue 12 item 3.
-EQ_BY_NAME = {
-    "packaging-marker-trailing-newline",
-    "packaging-unbounded-bound-order",
-    "packaging-wheel-name-newline",
-    "semanticversion-npm-prerelease",
-    "semanticversion-wildcard-minor",
-    "semver-equal-hash",
-    "semver-subclass-compare",
-}
 
 pytestmark = [
     pytest.mark.integration,
@@ -77,7 +65,6 @@ def test_corpus_is_there_and_only_tasks_with_dependencies_wait() -> None:
     for tid in NEEDS_BUILD:
         assert TASKS[tid]["requires"] or TASKS[tid]["setup"], f"{tid} needs nothing: grade it"
     assert set(GRADABLE) == set(TASKS) - set(NEEDS_BUILD)
-    assert EQ_BY_NAME <= set(GRADABLE)
 
 
 def spec_for(task: dict[str, Any], dest: Path) -> Path:
@@ -165,26 +152,12 @@ def test_reference_passes_with_the_recorded_counts(
     assert (ref["passed"], ref["reason"]) == (True, None), ref["output"][-3000:]
     assert ref["hidden_tests"] == expected, ref["output"][-3000:]
     assert (ref["trust"], ref["runner"]) == (TRUST, "hangar-grade")
-    # Whatever the reporter flags on an honest fix, it is only the by-name comparison signal.
-    by_name = [s for s in ref["tamper_signals"] if s.startswith("run: a test compared with __")]
-    assert ref["tamper_signals"] == by_name
-    assert bool(by_name) == (task_id in EQ_BY_NAME), by_name
 
 
-@pytest.mark.parametrize(
-    "task_id",
-    [
-        pytest.param(
-            tid,
-            marks=pytest.mark.xfail(
-                strict=True, reason="run signal by name (__eq__), issue 12 item 3"
-            ),
-        )
-        if tid in EQ_BY_NAME
-        else tid
-        for tid in sorted(TASKS)
-    ],
-)
+# Seven of these compare value objects (packaging's Version, Specifier, Marker, ...; semver's and
+# semantic_version's Version) in nearly every test: the reporter probes each such comparison
+# (docs/grading.md, "Run signals") and an honest value object raises nothing.
+@pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_reference_raises_no_signal(
     graded: dict[tuple[str, str], dict[str, Any]],
     tmp_path_factory: pytest.TempPathFactory,
