@@ -62,6 +62,8 @@ import _pytest.unittest
 import pluggy
 import pytest
 
+from hangar_dagster.grading import identity
+
 REPORT_ENV = "HANGAR_GRADE_REPORT"
 # Hooks through which a plugin can change what is reported or which tests run.
 _WATCHED_HOOKS = (
@@ -312,9 +314,25 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                     where = code.co_filename[length(repo) :]
                     send("tamper", what=f"hook {name} registered from repo code ({where})", fatal=True)  # fmt: skip
 
+    def internals_changed() -> list[str]:
+        """What of the snapshot differs now (the per-test boundary check, ``identity``)."""
+        if not snapshot:
+            return []
+        now = take_snapshot()
+        changed = [k for k, v in snapshot if now.get(k) is not v]
+        changed += [f"hook {i.plugin_name}" for i, f in hookimpls if i.function is not f]
+        return ordered(new_set(changed))
+
+    # Pristine test code and builtins recorded now, checked at each test's boundaries.
+    boundaries = identity.install(
+        send, repo, os.environ.get("HANGAR_HIDDEN_TESTS", ""), junit_id, internals_changed,
+        (tamper, internals_changed, audit, raised_by_repo, repo_file),
+    )  # fmt: skip
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(config: pytest.Config) -> None:
         # Before the hidden conftests load and long before any repo code can.
+        config.pluginmanager.register(boundaries, "hangar-grade-boundaries")
         snapshot.extend(take_snapshot().items())
         hookexec.append(config.pluginmanager._inner_hookexec)
         for caller in names(config.hook).values():
