@@ -209,7 +209,10 @@ def install(
                 once(f"members {name}", f"hidden test module {name}: {', '.join(ordered(changed))} replaced, seen at {where}")  # fmt: skip
         if any(cell.cell_contents is not value for cell, value in cells):
             once("cells", f"the trusted reporter's closures rewritten, seen at {where}")
-        if internals and (changed := internals_changed()):
+        # The builtins are checked above, where a hidden test's own monkeypatch is explained.
+        if internals and (
+            changed := [c for c in internals_changed() if not c.startswith("builtins.")]
+        ):
             once("internals", f"pytest internals replaced, seen at {where}: {', '.join(changed)}")
 
     def item_module(item: pytest.Item) -> object:
