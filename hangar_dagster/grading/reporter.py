@@ -24,6 +24,10 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
   an ``__eq__`` from the repo called by a test);
 - ``end``: the session finished (its exit status).
 
+``identity`` (installed here, at import) checks that each test pytest runs is compiled from the
+pristine hidden files, and compares the builtins, the hidden test modules and these internals
+at every test's boundary.
+
 Everything the reporter uses once repo code may run is held in closures made
 at import: the descriptor, ``os.write``, the JSON encoder, the builtins it
 calls. No module attribute leads to it, and replacing ``os.write``, a builtin
