@@ -192,28 +192,34 @@ def install(
             send("tamper", what=what, fatal=True)
 
     def boundary(item: pytest.Item, phase: str, internals: bool) -> None:
-        where = f"{junit_id(item.nodeid)} ({phase})"
+        def where() -> str:
+            return f"{junit_id(item.nodeid)} ({phase})"
+
         if kind(builtins) is not WatchedBuiltins:
-            once("builtins.__class__", f"builtins module re-classed, seen at {where}")
-        for name, value in builtin_values.items():
-            now = builtin_dict.get(name, _MISSING)
-            if now is not value and name not in _REBOUND and explained.get(name, value) is not now:
-                once(f"builtins.{name}", f"builtins.{name} replaced, seen at {where}")
+            once("builtins.__class__", f"builtins module re-classed, seen at {where()}")
+        for name in [
+            n for n, v in builtin_values.items() if builtin_dict.get(n, _MISSING) is not v
+        ]:
+            if name not in _REBOUND and explained.get(name, _MISSING) is not builtin_dict.get(name, _MISSING):  # fmt: skip
+                once(f"builtins.{name}", f"builtins.{name} replaced, seen at {where()}")
+        own = item_module(item)
         for name, module, cls, members in hidden_modules:
             if modules.get(name) is not module:
-                once(f"module {name}", f"hidden test module {name} replaced in sys.modules, seen at {where}")  # fmt: skip
+                once(f"module {name}", f"hidden test module {name} replaced in sys.modules, seen at {where()}")  # fmt: skip
             if kind(module) is not cls:
-                once(f"class {name}", f"hidden test module {name} re-classed, seen at {where}")
+                once(f"class {name}", f"hidden test module {name} re-classed, seen at {where()}")
+            if module is not own:
+                continue  # the functions of the module whose test this is (each in its turn)
             space = getattribute(module, "__dict__")
             if changed := [n for n, v in members.items() if space.get(n, _MISSING) is not v]:
-                once(f"members {name}", f"hidden test module {name}: {', '.join(ordered(changed))} replaced, seen at {where}")  # fmt: skip
-        if any(cell.cell_contents is not value for cell, value in cells):
-            once("cells", f"the trusted reporter's closures rewritten, seen at {where}")
+                once(f"members {name}", f"hidden test module {name}: {', '.join(ordered(changed))} replaced, seen at {where()}")  # fmt: skip
+        if [cell for cell, value in cells if cell.cell_contents is not value]:
+            once("cells", f"the trusted reporter's closures rewritten, seen at {where()}")
         # The builtins are checked above, where a hidden test's own monkeypatch is explained.
         if internals and (
             changed := [c for c in internals_changed() if not c.startswith("builtins.")]
         ):
-            once("internals", f"pytest internals replaced, seen at {where}: {', '.join(changed)}")
+            once("internals", f"pytest internals replaced, seen at {where()}: {', '.join(changed)}")
 
     def item_module(item: pytest.Item) -> object:
         node = item.getparent(module_node)

@@ -318,12 +318,21 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                     where = code.co_filename[length(repo) :]
                     send("tamper", what=f"hook {name} registered from repo code ({where})", fatal=True)  # fmt: skip
 
+    # Where each snapshotted value sits, looked up once: a fresh snapshot per test costs too much.
+    owners = (*_MODULES, *_CLASSES, sys.modules[__name__])
+    placed: list[tuple[str, Any, str, object]] = []  # (owner, its namespace, name, value)
+
     def internals_changed() -> list[str]:
         """What of the snapshot differs now (the per-test boundary check, ``identity``)."""
         if not snapshot:
             return []
-        now = take_snapshot()
-        changed = [k for k, v in snapshot if now.get(k) is not v]
+        if not placed:
+            wanted = new_set(id(v) for _, v in snapshot)
+            for owner in owners:
+                label = f"{owner.__module__.rsplit('.', 1)[-1]}.{owner.__name__}" if is_a(owner, type) else owner.__name__.rsplit(".", 1)[-1]  # fmt: skip
+                space = names(owner)
+                placed.extend((label, space, n, v) for n, v in space.items() if id(v) in wanted)
+        changed = [f"{label}.{n}" for label, space, n, v in placed if space.get(n) is not v]
         changed += [f"hook {i.plugin_name}" for i, f in hookimpls if i.function is not f]
         return ordered(new_set(changed))
 
