@@ -26,6 +26,10 @@ named by ``$HANGAR_GRADE_REPORT`` that the grader on the host reads:
   behaviour (``_comparisons``), never by a name;
 - ``end``: the session finished (its exit status).
 
+``identity`` (installed here, at import) checks that each test pytest runs is compiled from the
+pristine hidden files, and compares the builtins, the hidden test modules and these internals
+at every test's boundary.
+
 Everything the reporter uses once repo code may run is held in closures made
 at import: the descriptor, ``os.write``, the JSON encoder, the builtins it
 calls. No module attribute leads to it, and replacing ``os.write``, a builtin
@@ -66,6 +70,8 @@ import _pytest.skipping
 import _pytest.unittest
 import pluggy
 import pytest
+
+from hangar_dagster.grading import identity
 
 REPORT_ENV = "HANGAR_GRADE_REPORT"
 # Hooks through which a plugin can change what is reported or which tests run.
@@ -544,9 +550,34 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
                 if code is not None and (found := where(code)):
                     send("tamper", what=f"hook {name} registered from repo code ({found})", fatal=True)  # fmt: skip
 
+    # Where each snapshotted value sits, looked up once: a fresh snapshot per test costs too much.
+    owners = (*_MODULES, *_CLASSES, sys.modules[__name__])
+    placed: list[tuple[str, Any, str, object]] = []  # (owner, its namespace, name, value)
+
+    def internals_changed() -> list[str]:
+        """What of the snapshot differs now (the per-test boundary check, ``identity``)."""
+        if not snapshot:
+            return []
+        if not placed:
+            wanted = new_set(id(v) for _, v in snapshot)
+            for owner in owners:
+                label = f"{owner.__module__.rsplit('.', 1)[-1]}.{owner.__name__}" if is_a(owner, type) else owner.__name__.rsplit(".", 1)[-1]  # fmt: skip
+                space = names(owner)
+                placed.extend((label, space, n, v) for n, v in space.items() if id(v) in wanted)
+        changed = [f"{label}.{n}" for label, space, n, v in placed if space.get(n) is not v]
+        changed += [f"hook {i.plugin_name}" for i, f in hookimpls if i.function is not f]
+        return ordered(new_set(changed))
+
+    # Pristine test code and builtins recorded now, checked at each test's boundaries.
+    boundaries = identity.install(
+        send, repo, os.environ.get("HANGAR_HIDDEN_TESTS", ""), junit_id, internals_changed,
+        (tamper, internals_changed, audit, raised_by_repo, repo_file),
+    )  # fmt: skip
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(config: pytest.Config) -> None:
         # Before the hidden conftests load and long before any repo code can.
+        config.pluginmanager.register(boundaries, "hangar-grade-boundaries")
         snapshot.extend(take_snapshot().items())
         hookexec.append(config.pluginmanager._inner_hookexec)
         for caller in names(config.hook).values():

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grading_builders import experiment
+from grading_builders import commit_all, experiment
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.util.gitrepo import git, take_patch
 
 BUGGY_CALC = "def add(a, b):\n    return a - b\n"
 FIXED_CALC = "def add(a, b):\n    return a + b\n"
@@ -84,3 +88,63 @@ def write_files(root: Path, files: Files) -> None:
             path.write_bytes(content)
         else:
             path.write_text(content)
+
+
+def build_fixture(root: Path) -> Fixture:
+    """The fixture task repo under ``root`` (buggy calc and text at its base) and its references."""
+    repo = root / "task-repo"
+    repo.mkdir()
+    git("init", "-q", "-b", "main", str(repo))
+    write_files(repo, {"calc.py": BUGGY_CALC, "text.py": BUGGY_TEXT,
+                  "tests/test_calc.py": "from calc import add\n\n\ndef test_zero():\n"
+                                        "    assert add(0, 0) == 0\n"})  # fmt: skip
+    base = commit_all(repo, "base")
+    counter = iter(range(10_000))
+
+    def make(files: Files) -> str:
+        work = root / f"patch-{next(counter)}"
+        git("clone", "-q", str(repo), str(work))
+        write_files(work, files)
+        return take_patch(work, base)
+
+    refs = {"calc": make({"calc.py": FIXED_CALC}), "text": make({"text.py": FIXED_TEXT})}
+    return Fixture(repo, base, make, refs)
+
+
+@contextmanager
+def fix_server() -> Iterator[int]:
+    """A host loopback server that hands out the fix to whoever connects (none should): its port."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.sendall(b"+")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        srv.close()
+
+
+def case_files(files: dict[str, object], fill: dict[str, str]) -> Files:
+    """A case's files with its ``{port}``-style placeholders filled in."""
+    out: Files = {}
+    for path, content in files.items():
+        if isinstance(content, str):
+            for token, value in fill.items():
+                content = content.replace(token, value)
+        out[path] = content  # type: ignore[assignment]
+    return out

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import factories
 import pytest
-from adv_fixture import Fixture
+from adv_fixture import Fixture, case_files, fix_server
 from cases import CASES, Case
 
 from hangar_dagster.grading.grader import grade_trial
@@ -28,28 +26,8 @@ TRUST = "isolated" if os.geteuid() == 0 else "best_effort"
 
 @pytest.fixture(scope="module")
 def listener() -> Iterator[int]:
-    """A host loopback server that hands out the fix to whoever connects (none should)."""
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(5)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                continue
-            conn.sendall(b"+")
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    thread.join()
-    srv.close()
+    with fix_server() as port:
+        yield port
 
 
 def grade(
@@ -134,13 +112,7 @@ def test_malicious_patch(
     fill = {"{port}": str(listener), "{artifacts}": str(tmp_path / "artifacts"),
             "{home}": str(session_paths.home),
             "{memory_mb}": str(fixture_repo.experiment().spec.environment.resources.memory_mb)}  # fmt: skip
-    files: dict[str, object] = {}
-    for path, content in case.files.items():
-        if isinstance(content, str):
-            for token, value in fill.items():
-                content = content.replace(token, value)
-        files[path] = content
-    patch = fixture_repo.make_patch(files)  # type: ignore[arg-type]
+    patch = fixture_repo.make_patch(case_files(case.files, fill))
     g, log = grade(fixture_repo, session_paths, base_checks["calc"], "calc", patch, tmp_path,
                    case.timeout_s)  # fmt: skip
     if case.control is not None:

@@ -112,12 +112,16 @@ def grade(
     which: str,
 ) -> dict[str, Any]:
     if (task_id, which) not in graded:
-        spec_dir = tmp_path_factory.mktemp(task_id[:40])
-        spec = spec_for(TASKS[task_id], spec_dir)
-        patch = read_patch_file(spec_dir / "reference.diff") if which == "reference" else ""
-        home = Settings.from_env({"HANGAR_HOME": str(spec_dir / "home")})
-        graded[task_id, which] = grade_by_hand(spec, task_id, patch, home)
+        graded[task_id, which] = grade_task(task_id, which, tmp_path_factory.mktemp(task_id[:40]))
     return graded[task_id, which]
+
+
+def grade_task(task_id: str, which: str, spec_dir: Path) -> dict[str, Any]:
+    """``hangar grade --json`` of a corpus task's base or reference, its spec made in ``spec_dir``."""
+    spec = spec_for(TASKS[task_id], spec_dir)
+    patch = read_patch_file(spec_dir / "reference.diff") if which == "reference" else ""
+    home = Settings.from_env({"HANGAR_HOME": str(spec_dir / "home")})
+    return grade_by_hand(spec, task_id, patch, home)
 
 
 def counts(expected: dict[str, int]) -> dict[str, int]:
