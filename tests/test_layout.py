@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hangar_dagster"
 ROOMS = {
     "experiment",
     "trials",
+    "environment",
     "grading",
     "results",
     "queue",
