@@ -28,7 +28,11 @@ from typing import Any
 
 import yaml
 
+from hangar_dagster.experiment.spec_yaml import YAMLRefusal, load_yaml
+from hangar_dagster.util.fs import InputFileError, read_text_bounded
+
 MANIFEST = "harness.yaml"
+MAX_HARNESS_FILE_BYTES = 1_000_000
 CLI_PINS = "harnesses.lock.yaml"
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 _NAME = re.compile(NAME_PATTERN)
@@ -183,17 +187,27 @@ def validate_config(root: Path, data: Any) -> dict[str, Any]:
     return data
 
 
+def _load(file: Path) -> Any:
+    """A harness file through the spec's bounded loader: duplicate keys, bombs and FIFOs refused."""
+    try:
+        return load_yaml(read_text_bounded(file, MAX_HARNESS_FILE_BYTES, file.name))
+    except InputFileError as err:
+        raise HarnessError(
+            f"{err} (a harness file is UTF-8 YAML of at most {MAX_HARNESS_FILE_BYTES} bytes)"
+        ) from None
+    except YAMLRefusal as err:
+        raise HarnessError(f"{file}: {err.path}: {err.message}; {err.fix}") from None
+    except yaml.YAMLError as err:
+        raise HarnessError(f"{file}: not valid YAML: {err}") from None
+
+
 def _read_config(root: Path) -> dict[str, Any]:
     manifest = root / MANIFEST
-    if not manifest.is_file():
+    if not manifest.exists():
         raise HarnessError(
             f"{root}: no {MANIFEST}; a harness names at least name, agent (adapter, cli, version) and model"
         )
-    try:
-        data = yaml.safe_load(manifest.read_text())
-    except yaml.YAMLError as err:
-        raise HarnessError(f"{manifest}: not valid YAML: {err}") from None
-    return validate_config(root, data)
+    return validate_config(root, _load(manifest))
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -331,10 +345,7 @@ def read_cli_pins(registry: Path) -> CliPins | None:
     file = registry / CLI_PINS
     if not file.is_file():
         return None
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as err:
-        raise HarnessError(f"{file}: not valid YAML: {err}") from None
+    data = _load(file)
     clis = data.get("clis") if isinstance(data, dict) else None
     if not isinstance(clis, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v for k, v in clis.items()
