@@ -1,8 +1,8 @@
-"""Freeze the example's harnesses into its registry and point experiment.yaml at them.
+"""Freeze an example's harnesses into its registry and point its experiment.yaml at them.
 
-    python examples/skills-ab/freeze_harnesses.py
+    python examples/freeze_harnesses.py examples/skills-ab
 
-Each harness-src/<name>/ becomes the lock harnesses/<name>@sha256:<digest>/.
+Each <example>/harness-src/<name>/ becomes the lock <example>/harnesses/<name>@sha256:<digest>/.
 The example's registry keeps only the current lock of each of its harnesses
 (older ones are removed), and experiment.yaml's ``harness_lock:`` lines that
 name one of them are rewritten to the new digest. The result is meant to be
@@ -18,20 +18,17 @@ from pathlib import Path
 
 from hangar_dagster.experiment.harness import freeze
 
-HERE = Path(__file__).resolve().parent
-SOURCES = HERE / "harness-src"
-REGISTRY = HERE / "harnesses"
-SPEC = HERE / "experiment.yaml"
 LOCK_LINE = re.compile(r"(harness_lock:\s*)([A-Za-z0-9][A-Za-z0-9._-]*)(@sha256:[0-9a-f]{64})")
 
 
-def freeze_all() -> dict[str, str]:
-    """Freeze every harness in harness-src/; harness name -> lock ref."""
+def freeze_all(example: Path) -> dict[str, str]:
+    """Freeze every harness in <example>/harness-src/; harness name -> lock ref."""
     refs: dict[str, str] = {}
-    for source in sorted(p for p in SOURCES.iterdir() if p.is_dir()):
-        lock = freeze(source, REGISTRY)
+    registry = example / "harnesses"
+    for source in sorted(p for p in (example / "harness-src").iterdir() if p.is_dir()):
+        lock = freeze(source, registry)
         refs[lock.name] = lock.ref
-        for stale in REGISTRY.glob(f"{lock.name}@sha256:*"):
+        for stale in registry.glob(f"{lock.name}@sha256:*"):
             if stale.name != lock.ref:
                 shutil.rmtree(stale)
     return refs
@@ -47,8 +44,13 @@ def point_spec(spec: str, refs: dict[str, str]) -> str:
 
 
 def main() -> int:
-    refs = freeze_all()
-    SPEC.write_text(point_spec(SPEC.read_text(), refs))
+    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "harness-src").is_dir():
+        print("usage: python examples/freeze_harnesses.py EXAMPLE_DIR (holding harness-src/)")
+        return 2
+    example = Path(sys.argv[1]).resolve()
+    refs = freeze_all(example)
+    spec = example / "experiment.yaml"
+    spec.write_text(point_spec(spec.read_text(), refs))
     for ref in refs.values():
         print(ref)
     return 0
