@@ -299,10 +299,13 @@ class ModelCatalog:
         listed = self.list_for(provider) if provider else None
         if listed is not None and requested in listed.ids:
             return ModelChoice(requested, requested, "list", None)
-        where = listed.source if listed is not None else "no provider model list hangar knows"
+        where = (
+            f"is not in {listed.source}"
+            if listed is not None
+            else "is in no provider model list hangar knows"
+        )
         note = (
-            f"model {requested} is not in {where}; only its dated shape says it is concrete "
-            "(basis pattern)"
+            f"model {requested} {where}; only its dated shape says it is concrete (basis pattern)"
         )
         return ModelChoice(requested, requested, "pattern", note)
 

@@ -126,6 +126,9 @@ def test_an_id_the_list_lacks_is_decided_by_its_dated_shape(tmp_path: Path) -> N
     assert "anthropic.json" in str(frontier.note) and "shipped" in str(frontier.note)
     unknown = ModelCatalog(None, frozenset()).choose("fixer-2025-01-01", "command")
     assert unknown.basis == "pattern" and "no provider model list" in str(unknown.note)
+    # The note reads as a sentence (it once said "is not in no provider model list").
+    assert "not in no" not in str(unknown.note)
+    assert str(unknown.note).startswith("model fixer-2025-01-01 is in no provider model list")
 
 
 def test_without_a_cache_the_shipped_list_answers_and_bad_input_is_named(tmp_path: Path) -> None:
