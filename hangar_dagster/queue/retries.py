@@ -50,6 +50,12 @@ CAP_EXEMPT = frozenset({"power_down", "control_plane_restart", "interrupted"})
 # extends it.
 BREAKER_NEUTRAL = frozenset({"drift", "power_down", "control_plane_restart", "interrupted"})
 
+# Said with the cap's note: the seed's rule that past the cap nothing more starts, and why.
+CAP_SENTENCE = (
+    "That many infra errors usually mean a provider or cluster outage: no further trial of "
+    "this experiment starts"
+)
+
 EvidenceClass = Literal["execution_failure", "evidence_failure", "admissible"]
 
 
@@ -97,6 +103,9 @@ class Retry:
 class RetryPlan:
     retries: list[Retry]
     notes: list[str]
+    # Set once the experiment's counted retries are used up and an infra error is left
+    # unretried: past that no further trial starts (first attempts included), this says why.
+    cap_reached: str | None = None
 
 
 def _by_key(attempts: Sequence[TrialRecord]) -> dict[str, dict[int, TrialRecord]]:
@@ -161,12 +170,14 @@ def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: 
         else:
             retries.append(Retry(t.trial_key, t.attempt + 1, t.run_id, counts_toward_cap=True))
             counted += 1
+    cap_reached = None
     if stopped:
-        notes.append(
+        cap_reached = (
             f"retries stopped: {counted} of {cap} allowed (10% of {planned_trials} trials, "
-            f"at least 1); not retried: {', '.join(stopped)}"
+            f"at least 1); not retried: {', '.join(stopped)}. {CAP_SENTENCE}"
         )
-    return RetryPlan(retries, notes)
+        notes.append(cap_reached)
+    return RetryPlan(retries, notes, cap_reached)
 
 
 def _streak(attempts: Sequence[TrialRecord]) -> list[TrialRecord]:

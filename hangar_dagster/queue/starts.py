@@ -163,11 +163,13 @@ def blocker(
     spent = budget.start_blocker(store, exp.author, now, settings.caps)
     if spent:
         return spent
-    outage = breaker_note(
-        store.trials(exp.experiment_id, all_attempts=True), settings.breaker_streak
-    )
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    outage = breaker_note(attempts, settings.breaker_streak)
     if outage:
         return f"outage: {outage}"
+    capped = plan_retries(attempts, len(exp.trial_keys()), settings.infra_retries).cap_reached
+    if capped:
+        return f"retry_cap: {capped}"
     return None
 
 

@@ -13,6 +13,7 @@ import pytest
 from hangar_dagster.grading.grader import decide
 from hangar_dagster.grading.junit import parse_junit_bytes
 from hangar_dagster.queue.retries import (
+    CAP_SENTENCE,
     INFRA_REASONS,
     EvidenceClass,
     Retry,
@@ -152,7 +153,7 @@ def test_the_cap_stops_retries_with_a_note(planned: int, allowed: int) -> None:
     blocked = ", ".join(f"v/t{i}/1" for i in range(allowed, 3))
     assert plan.notes == [
         f"retries stopped: {allowed} of {allowed} allowed (10% of {planned} trials, "
-        f"at least 1); not retried: {blocked}"
+        f"at least 1); not retried: {blocked}. {CAP_SENTENCE}"
     ]
 
 
@@ -162,7 +163,8 @@ def test_retries_already_started_use_the_cap() -> None:
     plan = plan_retries(attempts, 10, Settings.from_env({}).infra_retries)
     assert plan.retries == []
     assert plan.notes == [
-        "retries stopped: 1 of 1 allowed (10% of 10 trials, at least 1); not retried: v/t1/1"
+        "retries stopped: 1 of 1 allowed (10% of 10 trials, at least 1); not retried: v/t1/1. "
+        + CAP_SENTENCE
     ]
 
 
@@ -176,7 +178,7 @@ def test_power_down_retries_are_exempt_from_the_cap() -> None:
     ]
     plan = plan_retries(attempts, 9, Settings.from_env({}).infra_retries)
     assert plan.retries == [Retry("v/t1/1", 2, "run-v-t1-1-1", counts_toward_cap=False)]
-    assert plan.notes[0].endswith("not retried: v/t2/1")
+    assert plan.notes[0].endswith(f"not retried: v/t2/1. {CAP_SENTENCE}")
 
 
 def test_interrupted_trials_are_retried_like_power_downs() -> None:

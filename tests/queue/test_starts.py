@@ -185,6 +185,40 @@ def test_the_outage_breaker_blocks_after_a_streak(
     assert why is not None and why.startswith("outage:") and "3 systemic" in why
 
 
+def test_past_the_retry_cap_no_first_attempt_starts_either(exp: ResolvedExperiment) -> None:
+    # 18 trials allow 1 counted retry. One infra error: its retry may start. A second one cannot
+    # be retried, and that many infra errors usually mean an outage, so nothing else starts
+    # either, untried keys included (the seed's 10% rule).
+    store = Store(paths())
+
+    def infra(key: str, minute: int) -> None:
+        store.put(attempt(exp, key, 1, outcome_class="infra_error", infra_reason="preempted",
+                          finished_at=AT_NIGHT + dt.timedelta(minutes=minute)))  # fmt: skip
+
+    infra("plain/median/1", 0)
+    assert blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT) is None
+    infra("plain/median/2", 1)
+    why = blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT)
+    assert why is not None and why.startswith("retry_cap:"), why
+    assert "1 of 1 allowed" in why and "not retried: plain/median/2" in why
+    assert "no further trial of this experiment starts" in why
+    assert len(pending(exp, store, f.settings(NIGHTLY)).new) == 16  # still pending, only held
+    notes = [n.message for n in record_queue_notes(exp, store, f.settings(NIGHTLY))]
+    assert any("no further trial of this experiment starts" in n for n in notes), notes
+
+
+def test_a_power_down_retry_past_the_cap_does_not_hold_the_experiment(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    store.put(
+        attempt(exp, "plain/median/1", 1, outcome_class="infra_error", infra_reason="preempted")
+    )
+    store.put(attempt(exp, "plain/median/2", 1, outcome_class="infra_error",
+                      infra_reason="power_down"))  # fmt: skip
+    assert blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT) is None
+
+
 def test_token_throttle_waits_until_the_last_minute_is_under_budget() -> None:
     now = [dt.datetime(2026, 11, 29, 21, 0, tzinfo=dt.UTC)]
     finished = [(now[0] - dt.timedelta(seconds=30), 900)]  # 900 tokens, 30 s ago
