@@ -400,6 +400,17 @@ def fingerprint(
     }
 
 
+def turns_of(stream: StreamJson) -> int:
+    """Model responses: distinct assistant message ids (parallel tool calls share one).
+
+    The CLI's own ``num_turns`` counts tool results + 1, so it is only the fallback for a
+    run that ended before any assistant message reached the stream.
+    """
+    if stream.messages:
+        return len(stream.messages)
+    return as_int((stream.result or {}).get("num_turns")) or 0
+
+
 def to_run(
     ctx: AgentContext,
     result: SandboxResult,
@@ -408,11 +419,10 @@ def to_run(
     budget_stopped: bool,
 ) -> AgentRun:
     final = stream.result or {}
+    turns = turns_of(stream)
     if final:
-        turns = as_int(final.get("num_turns")) or len(stream.messages)
         tokens_in, tokens_out = _tokens(final.get("usage"))
     else:
-        turns = len(stream.messages)
         tokens_in = sum(t[0] for t in stream.messages.values())
         tokens_out = sum(t[1] for t in stream.messages.values())
     cost = final.get("total_cost_usd")

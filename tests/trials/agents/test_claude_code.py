@@ -23,7 +23,12 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import get_agent
-from hangar_dagster.trials.agents.claude_code import ClaudeCodeAgent, StreamJson, argv_for
+from hangar_dagster.trials.agents.claude_code import (
+    ClaudeCodeAgent,
+    StreamJson,
+    argv_for,
+    turns_of,
+)
 from hangar_dagster.trials.agents.install import install_mounts
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
@@ -141,6 +146,40 @@ def test_stream_parser_counts_messages_once_and_cuts_nothing_it_needs() -> None:
     assert kinds == ["init", "turn", "message", "tool_call", "tool_result", "raw"]
     assert stream.events[0]["tools"] == ["Bash", "Write"]
     assert stream.first_model == "m-2" and stream.messages == {"a": (5, 1)}
+
+
+def test_turns_count_model_responses_not_tool_results_plus_one() -> None:
+    # One model response making two parallel tool calls, then a closing one: 2 responses.
+    # Claude Code's own num_turns counts tool results + 1, so it says 3.
+    def assistant(mid: str, *content: dict[str, Any]) -> dict[str, Any]:
+        usage = {"input_tokens": 1, "output_tokens": 1}
+        return {
+            "type": "assistant",
+            "message": {"id": mid, "usage": usage, "content": list(content)},
+        }
+
+    def result(tid: str) -> dict[str, Any]:
+        block = {"type": "tool_result", "tool_use_id": tid, "content": "ok"}
+        return {"type": "user", "message": {"content": [block]}}
+
+    lines = [
+        assistant("a", {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}),
+        assistant("a", {"type": "tool_use", "id": "t2", "name": "Read", "input": {}}),
+        result("t1"),
+        result("t2"),
+        assistant("b", {"type": "text", "text": "done"}),
+        {"type": "result", "subtype": "success", "num_turns": 3, "usage": {}},
+    ]
+    stream = StreamJson()
+    stream.feed("".join(json.dumps(line) + "\n" for line in lines).encode())
+    stream.close()
+    assert stream.result is not None and stream.result["num_turns"] == 3
+    assert turns_of(stream) == 2
+    # With no assistant message seen (killed before its first response), the CLI's count is used.
+    empty = StreamJson()
+    empty.feed(json.dumps({"type": "result", "num_turns": 1, "usage": {}}).encode() + b"\n")
+    empty.close()
+    assert turns_of(empty) == 1
 
 
 def test_argv_carries_the_locks_settings(tmp_path: Path) -> None:
