@@ -36,10 +36,12 @@ INFRA_REASONS: dict[str, str] = {
     "preempted": "its node was preempted",
     "provider_5xx": "the model provider answered 5xx",
     "rate_limit": "the provider rate-limited it past its harness's own retries",
+    "auth": "the provider refused the orchestrator's API key (401/403)",
     "control_plane_restart": "a restart of the Dagster daemon or run worker cut it off",
 }
-# A drifted trial did not run what was pinned; running it again would not either.
-NEVER_RETRIED = frozenset({"drift"})
+# A drifted trial did not run what was pinned; running it again would not either. A refused
+# key fails every attempt alike until the operator fixes it (the breaker still counts it).
+NEVER_RETRIED = frozenset({"drift", "auth"})
 # A drain, a restart or an interrupt cuts off every trial in flight at once, whatever their
 # health: their retries leave the experiment's 10% cap alone (else one restart with `parallel`
 # trials in flight would use it up). The per-key limit still bounds them.

@@ -131,7 +131,7 @@ class EgressLog:
 
 
 def provider_failure(egress_text: str) -> tuple[str, str] | None:
-    """(infra reason, message) when the provider's last answer was a 5xx or a 429, else None.
+    """(infra reason, message) when the provider's last answer was a 5xx, a 429 or a 401/403.
 
     Asked only of an agent that did not finish well: a CLI retries on its own, so a
     last answer of 5xx or 429 means it gave up on the provider, which is an outage the
@@ -148,6 +148,14 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
     if last is None:
         return None
     status, where = last["status"], f"{last.get('method', '?')} {last.get('path', '?')}"
+    if status in (401, 403):
+        named = [var for p, var in KEY_VARS.items() if p == last.get("provider")]
+        key = named[0] if named else "the provider's API key"
+        return "auth", (
+            f"the provider refused the key for {where} ({status}): set a valid {key} in the "
+            "orchestrator's environment (the proxy adds it; the agent never holds it), then "
+            "resubmit. Not retried: every attempt would fail the same way"
+        )
     if status == 429:
         return "rate_limit", f"the provider rate-limited {where} (429) past the agent's own retries"
     if status >= 500:

@@ -423,3 +423,15 @@ def test_every_infra_reason_the_package_writes_is_known_and_documented() -> None
     section = doc.split("## Infra retries, the outage breaker and outcome classes", 1)[1]
     for reason in INFRA_REASONS:
         assert f"`{reason}`" in section, f"docs/queue.md does not list infra_reason {reason}"
+
+
+def test_an_auth_failure_is_never_retried_and_counts_for_the_breaker() -> None:
+    # A refused key fails every attempt the same way: retrying spends nothing useful, but a
+    # streak of them is an outage of the operator's credentials, which the breaker must stop.
+    failed = [_infra(f"t{i}", minute=i, reason="auth") for i in range(5)]
+    plan = plan_retries(failed, MANY, Settings.from_env({}).infra_retries)
+    assert plan.retries == []
+    assert "auth is never retried: v/t0/1" in plan.notes
+    assert "auth" in INFRA_REASONS
+    note = breaker_note(failed, 5)
+    assert note is not None and "auth x5" in note

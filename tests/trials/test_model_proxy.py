@@ -232,6 +232,25 @@ def test_tools_come_from_the_first_logged_request() -> None:
     assert first_request_tools(json.dumps(clipped), "/responses") is None
 
 
+def test_a_refused_key_is_auth_naming_the_variable_to_fix_not_a_measurement() -> None:
+    ok = json.dumps(
+        {"provider": "anthropic", "method": "POST", "path": "/v1/messages", "status": 200}
+    )
+    for provider, path, status, var in (
+        ("anthropic", "/v1/messages", 401, "ANTHROPIC_API_KEY"),
+        ("openai", "/v1/responses", 403, "OPENAI_API_KEY"),
+    ):
+        refused = json.dumps(
+            {"provider": provider, "method": "POST", "path": path, "status": status}
+        )
+        found = provider_failure("\n".join([ok, refused]))
+        assert found is not None, (provider, status)
+        reason, message = found
+        assert reason == "auth"
+        assert f"POST {path}" in message and str(status) in message
+        assert var in message and "orchestrator" in message
+
+
 def test_a_provider_that_gave_up_the_agent_is_an_outage_not_a_measurement() -> None:
     ok = json.dumps({"method": "POST", "path": "/v1/messages", "status": 200})
     busy = json.dumps({"method": "POST", "path": "/v1/messages", "status": 529})

@@ -296,7 +296,10 @@ class StreamJson:
             return
         message_id = str(message.get("id"))
         model = message.get("model") if isinstance(message.get("model"), str) else None
-        if message_id not in self.messages:
+        # The CLI's own messages (an API error, a refusal to start) carry this model: no model
+        # answered, so it is neither a turn nor the model the first turn ran.
+        synthetic = model == SYNTHETIC_MODEL
+        if not synthetic and message_id not in self.messages:
             self.messages[message_id] = _tokens(message.get("usage"))
             if self.first_model is None:
                 self.first_model = model
@@ -398,6 +401,9 @@ def fingerprint(
             tools=tools,
         ),
     }
+
+
+SYNTHETIC_MODEL = "<synthetic>"
 
 
 def turns_of(stream: StreamJson) -> int:

@@ -182,6 +182,26 @@ def test_turns_count_model_responses_not_tool_results_plus_one() -> None:
     assert turns_of(empty) == 1
 
 
+def test_the_clis_own_synthetic_error_message_is_not_the_turn_1_model() -> None:
+    # On a 401 Claude Code writes its error as an assistant message of model "<synthetic>":
+    # taking that as the model the first turn ran turned an expired key into "drift".
+    error = {
+        "type": "assistant",
+        "message": {
+            "id": "e",
+            "model": "<synthetic>",
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "content": [{"type": "text", "text": "Invalid API key · Please run /login"}],
+        },
+    }
+    stream = StreamJson()
+    stream.feed((json.dumps(error) + "\n").encode())
+    stream.close()
+    assert stream.first_model is None
+    assert turns_of(stream) == 0  # no model answered
+    assert any(e.get("type") == "message" for e in stream.events)  # the text is still kept
+
+
 def test_argv_carries_the_locks_settings(tmp_path: Path) -> None:
     lock = make_lock(tmp_path, max_turns=3)
     ctx = cli_context(tmp_path, lock, tmp_path, MODEL, instructions="-Fix it.", verify="make check")
