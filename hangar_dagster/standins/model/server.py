@@ -19,6 +19,7 @@ import importlib
 import json
 import threading
 from collections.abc import Callable
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -157,6 +158,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 return
             body = parsed
         endpoint.record(self.command, path, body, dict(self.headers.items()))
+        if endpoint.api_key is not None and not endpoint.key_matches(self.headers):
+            out.send_json(401, error_body("authentication_error", "invalid x-api-key"))
+            return
         handler = endpoint.handler_for(path)
         if handler is None:
             out.send_json(404, error_body("not_found_error", f"no route for {path}"))
@@ -180,9 +184,19 @@ class _Server(ThreadingHTTPServer):
 class ScriptedEndpoint:
     """A stand-in model API on loopback that answers from ``script`` as model ``model``."""
 
-    def __init__(self, script: Script, model: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        script: Script,
+        model: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
         self.script = script
         self.model = model
+        # When set, a request carrying any other key is answered 401, as a provider answers an
+        # expired or wrong key (x-api-key, or Authorization: Bearer).
+        self.api_key = api_key
         self.host = host
         self.port = port
         self.requests: list[dict[str, Any]] = []
@@ -232,6 +246,11 @@ class ScriptedEndpoint:
         }
         with self._lock:
             self.requests.append(entry)
+
+    def key_matches(self, headers: Message) -> bool:
+        bearer = headers.get("Authorization", "")
+        sent = headers.get("x-api-key") or bearer.removeprefix("Bearer ").strip()
+        return sent == self.api_key
 
     def next_reply(self, conversational: bool) -> Reply:
         """The script's next reply for a conversational request, ``SIDE_REPLY`` otherwise."""

@@ -449,3 +449,35 @@ def test_real_claude_code_reporting_other_than_pinned_drifts(
         store.trials(record.experiment_id, all_attempts=True), 1, Settings.from_env().infra_retries
     )
     assert plan.retries == [] and plan.notes == [f"drift is never retried: {record.trial_key}"]
+
+
+def test_real_claude_code_with_a_refused_key_is_auth_not_drift(
+    claude_bin: Path,
+    example_dir: Path,
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: the CLI wrote the 401 as an assistant message of model "<synthetic>", the
+    # adapter took that as the turn-1 model, and an expired key ended as drift, never retried
+    # and never counted by the breaker.
+    lock = make_lock(tmp_path, "claude-auth")
+    spec = median_spec(example_dir, tmp_path, "claude-auth", {"auth": lock}, 4096)
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    (key,) = exp.trial_keys()
+    script = Script([Reply(text="Nothing to change.")])
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-expired-0000")
+    with ScriptedEndpoint(script, MODEL, api_key=SECRET) as endpoint:
+        monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)
+        record, _patch = run_trial(TrialRequest(exp, key, 1, None, "run-auth"), Settings.from_env())
+    assert script.consumed == 0  # every request was refused before the script was asked
+    assert (record.outcome_class, record.infra_reason) == ("infra_error", "auth"), record.error
+    assert record.error is not None and "ANTHROPIC_API_KEY" in record.error
+    assert "sk-ant-expired" not in json.dumps(record.trace)  # the key never reaches the trace
+    store = Store(paths())
+    store.put(record)
+    plan = plan_retries(
+        store.trials(record.experiment_id, all_attempts=True), 1, Settings.from_env().infra_retries
+    )
+    assert plan.retries == [] and plan.notes == [f"auth is never retried: {record.trial_key}"]
