@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import shutil
 import signal
 import socket
@@ -38,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -117,17 +118,30 @@ def clip_body(text: str, cap: int = BODY_CAP) -> tuple[str, bool]:
     return f"{text[:head]}\n[... {cut} characters cut by hangar ...]\n{text[-tail:]}", True
 
 
+_EGRESS_LOCK = threading.Lock()  # every EgressLog of the process: two proxies share one file
+
+
 @dataclass
 class EgressLog:
-    """Appends one JSON object per proxied request to ``path`` (thread-safe)."""
+    """Appends one JSON object per proxied request to ``path`` (thread-safe).
+
+    The model proxy and the egress proxy of one trial write the same file: each line goes out
+    in one ``write`` on an O_APPEND descriptor, under one lock for the process, so lines of
+    the two never interleave, however long (a model request's body is up to 64 kB).
+    """
 
     path: Path
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry, sort_keys=True) + "\n"
-        with self._lock, self.path.open("a") as f:
-            f.write(line)
+        data = (json.dumps(entry, sort_keys=True) + "\n").encode()
+        with _EGRESS_LOCK:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
 
 
 def provider_failure(egress_text: str) -> tuple[str, str] | None:
@@ -143,7 +157,12 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("status"), int):
+        # Only the model proxy's lines (they name the provider); the egress proxy's are not.
+        if (
+            isinstance(entry, dict)
+            and entry.get("provider")
+            and isinstance(entry.get("status"), int)
+        ):
             last = entry
     if last is None:
         return None
@@ -358,19 +377,7 @@ class ModelAccess:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` started under the in-sandbox forwarder (which listens on ``port`` first)."""
-        return [
-            sys.executable,
-            "-I",
-            "-m",
-            "hangar_dagster.trials.model_proxy",
-            "forward",
-            "--port",
-            str(self.port),
-            "--socket",
-            self.socket,
-            "--",
-            *argv,
-        ]
+        return [*forward_argv([(self.port, self.socket)]), *argv]
 
 
 def _free_port() -> int:
@@ -456,52 +463,87 @@ def _serve(listener: socket.socket, socket_path: str) -> None:
         threading.Thread(target=_relay, args=(client, socket_path), daemon=True).start()
 
 
-def forward(port: int, socket_path: str, argv: list[str]) -> int:
-    """Listen on 127.0.0.1:``port``, relay to ``socket_path``, run ``argv``; its exit status."""
+def _listen(port: int) -> socket.socket | str:
+    """A listener on 127.0.0.1:``port`` inside the sandbox, or why there cannot be one."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(("127.0.0.1", port))
     except OSError as err:
-        print(f"hangar model forwarder: cannot listen on 127.0.0.1:{port}: {err}", file=sys.stderr)
-        return 125
+        listener.close()
+        return f"cannot listen on 127.0.0.1:{port}: {err}"
     listener.listen(64)
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
         listener.accept()[0].close()  # that probe, so it is not relayed to the proxy
     except OSError as err:
+        listener.close()
         # A new network namespace starts with loopback down until the sandbox brings it up.
-        print(
-            f"hangar model forwarder: loopback is not usable in this sandbox ({err}); "
-            "the sandbox backend must bring up 'lo'",
-            file=sys.stderr,
-        )
-        return 125
-    threading.Thread(target=_serve, args=(listener, socket_path), daemon=True).start()
+        return f"loopback is not usable in this sandbox ({err}); the sandbox backend must bring up 'lo'"
+    return listener
+
+
+def forward(pairs: list[tuple[int, str]], argv: list[str]) -> int:
+    """Listen on 127.0.0.1:port and relay to its unix socket, for each (port, socket) of
+    ``pairs`` (the model proxy, the egress proxy, the mirror); run ``argv``; its exit status."""
+    listeners: list[socket.socket] = []
+    for port, socket_path in pairs:
+        listener = _listen(port)
+        if isinstance(listener, str):
+            print(f"hangar forwarder: {listener}", file=sys.stderr)
+            for opened in listeners:
+                opened.close()
+            return 125
+        listeners.append(listener)
+        threading.Thread(target=_serve, args=(listener, socket_path), daemon=True).start()
     try:
         child = subprocess.Popen(argv)
     except OSError as err:
-        print(f"hangar model forwarder: cannot start {argv[0]}: {err}", file=sys.stderr)
+        print(f"hangar forwarder: cannot start {argv[0]}: {err}", file=sys.stderr)
         return 127
     # Pass a polite stop on to the agent; a kill of the sandbox takes both anyway.
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     code = child.wait()
-    listener.close()
+    for listener in listeners:
+        listener.close()
     return code if code >= 0 else 128 - code
+
+
+def forward_argv(pairs: list[tuple[int, str]]) -> list[str]:
+    """The argv prefix that starts the forwarder for ``pairs``; the command follows it."""
+    args = [sys.executable, "-I", "-m", "hangar_dagster.trials.model_proxy", "forward"]
+    for port, socket_path in pairs:
+        args += ["--pair", f"{port}={socket_path}"]
+    return [*args, "--"]
+
+
+def _pair(text: str) -> tuple[int, str]:
+    port, sep, path = text.partition("=")
+    if not sep or not port.isdigit() or not path:
+        raise argparse.ArgumentTypeError(f"--pair {text!r}: expected PORT=SOCKET_PATH")
+    return int(port), path
 
 
 def main(args: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hangar_dagster.trials.model_proxy")
     sub = parser.add_subparsers(dest="command", required=True)
-    fwd = sub.add_parser("forward", help="relay loopback to the model proxy, run a command")
-    fwd.add_argument("--port", type=int, required=True)
-    fwd.add_argument("--socket", required=True)
+    fwd = sub.add_parser("forward", help="relay loopback ports to unix sockets, run a command")
+    fwd.add_argument("--pair", type=_pair, action="append", default=[], help="PORT=SOCKET")
+    fwd.add_argument("--port", type=int, help="one pair: with --socket")
+    fwd.add_argument("--socket")
     fwd.add_argument("argv", nargs=argparse.REMAINDER)
     parsed = parser.parse_args(args)
     argv = parsed.argv[1:] if parsed.argv[:1] == ["--"] else parsed.argv
     if not argv:
         parser.error("forward: give the command to run after --")
-    return forward(parsed.port, parsed.socket, argv)
+    pairs: list[tuple[int, str]] = list(parsed.pair)
+    if (parsed.port is None) != (parsed.socket is None):
+        parser.error("forward: --port and --socket go together")
+    if parsed.port is not None:
+        pairs.insert(0, (parsed.port, parsed.socket))
+    if not pairs:
+        parser.error("forward: give at least one --pair PORT=SOCKET")
+    return forward(pairs, argv)
 
 
 if __name__ == "__main__":

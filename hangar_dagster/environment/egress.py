@@ -1,0 +1,430 @@
+"""A sandbox's only way out: one small forward proxy per sandbox, on a unix socket, by policy.
+
+A sandbox keeps its own network namespace (loopback only; ``SandboxRequest.network``
+stays False). ``open_egress(policy, log_path, settings)`` runs, for the block, a
+forward proxy on the host (an in-process thread, like the model proxy) listening
+on unix sockets in a short scratch directory, and yields the ``EgressGrant`` a
+sandbox request adds: that directory mounted read-only, the environment that
+points the tools at it (``http_proxy`` and friends, ``PIP_INDEX_URL`` = the
+mirror) and the argv prefix that starts the in-sandbox loopback forwarder
+(``python -m hangar_dagster.trials.model_proxy forward``, the model proxy's) and
+runs the command as its child.
+
+The policies (the spec's ``environment.egress.mode`` and ``grader.network``):
+
+- ``none``: nothing beyond the sandbox's loopback. No proxy runs and the grant
+  is empty (an agent still gets the model proxy, which its adapter adds).
+- ``mirror``: the package mirror only, GET and HEAD (read-only: no upload route).
+- ``allowlist``: the model API through the model proxy (the adapter's, as under
+  ``none``) and the package mirror; nothing else.
+
+Every request the proxy sees, allowed or refused, is one JSON line in
+``log_path`` (the trial's ``egress.jsonl``, shared with the model proxy's lines):
+``source: egress-proxy``, ``policy``, ``method``, ``host``, ``port``, ``url``,
+``verdict`` (``allowed`` / ``refused``), ``bytes`` (both ways), and ``reason`` for a
+refusal. A refused request gets a 403. Destinations are matched as (host, port)
+exactly as the mirror's URL names them, before any name is resolved: another
+loopback port of the host, a link-local address or a name that happens to
+resolve to the mirror is refused.
+
+Two ways in, one socket each: ``proxy.sock`` is the forward proxy (absolute-URL
+requests and CONNECT); ``mirror.sock`` is a fixed route to a mirror on the host's
+loopback, which the sandbox sees at the same ``127.0.0.1:<port>`` as the host
+does (its own loopback, relayed), so the mirror's URL is the same everywhere and
+pip keeps treating it as a local, secure origin. docs/operations.md says why this
+is hangar's own code and not squid or tinyproxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import socketserver
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from hangar_dagster.environment.mirror import Mirror, ensure_mirror
+from hangar_dagster.settings import Settings
+from hangar_dagster.trials.model_proxy import EgressLog, forward_argv
+from hangar_dagster.trials.sandbox import Mount
+from hangar_dagster.util.background import ServerThread
+
+Policy = Literal["none", "allowlist", "mirror"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+SOCKET_MOUNT = "/hangar-egress"
+PROXY_SOCKET = "proxy.sock"
+MIRROR_SOCKET = "mirror.sock"
+CONNECT_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 600.0  # a relayed connection with no byte either way for this long is closed
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+}
+
+
+class EgressError(ValueError):
+    """The egress policy cannot be given as asked; the message names what to fix."""
+
+
+@dataclass(frozen=True)
+class EgressGrant:
+    """What a sandbox request adds to get its policy's way out (nothing, for ``none``)."""
+
+    policy: Policy
+    mounts: tuple[Mount, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    prefix: tuple[str, ...] = ()
+    mirror: Mirror | None = None
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` under the grant's forwarder (``argv`` itself when there is none)."""
+        return [*self.prefix, *argv]
+
+
+NO_EGRESS = EgressGrant(policy="none")
+
+
+@dataclass(frozen=True)
+class _Route:
+    host: str
+    port: int
+    methods: frozenset[str]  # the HTTP methods allowed; CONNECT for a TLS destination
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # every request is a line in egress.jsonl instead
+
+    def do_CONNECT(self) -> None:
+        self.close_connection = True
+        host, _, port_text = self.path.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port_text.isdigit():
+            self._refuse(host or self.path, 0, "CONNECT needs host:port")
+            return
+        port = int(port_text)
+        if (why := self.server.proxy.refusal(host, port, "CONNECT")) is not None:
+            self._refuse(host, port, why)
+            return
+        started = time.monotonic()
+        try:
+            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as err:
+            self._error(host, port, 502, f"cannot connect: {err}")
+            return
+        self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        self.wfile.flush()
+        up, down = _splice(self.connection, self.rfile, upstream)
+        self.server.proxy.record(
+            method="CONNECT", host=host, port=port, url=self.path, verdict="allowed",
+            request_bytes=up, response_bytes=down, started=started,
+        )  # fmt: skip
+
+    def do_GET(self) -> None:
+        self._http()
+
+    def do_HEAD(self) -> None:
+        self._http()
+
+    def do_POST(self) -> None:
+        self._http()
+
+    def do_PUT(self) -> None:
+        self._http()
+
+    def do_PATCH(self) -> None:
+        self._http()
+
+    def do_DELETE(self) -> None:
+        self._http()
+
+    def do_OPTIONS(self) -> None:
+        self._http()
+
+    def _http(self) -> None:
+        self.close_connection = True  # one request per connection keeps the relay simple
+        fixed = self.server.fixed
+        target = urlsplit(self.path)
+        if fixed is not None and not target.scheme:
+            host, port, path = fixed.host, fixed.port, self.path
+        elif target.scheme == "http" and target.hostname:
+            host, port = target.hostname, target.port or 80
+            path = target.path or "/"
+            path += f"?{target.query}" if target.query else ""
+        else:
+            why = "not an http:// URL (use CONNECT for https)" if target.scheme else "no host"
+            self._refuse(target.hostname or self.path, target.port or 0, why)
+            return
+        if fixed is not None and (host, port) != (fixed.host, fixed.port):
+            self._refuse(host, port, "this socket reaches only the package mirror")
+            return
+        if (refused := self.server.proxy.refusal(host, port, self.command)) is not None:
+            self._refuse(host, port, refused)
+            return
+        started = time.monotonic()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        try:
+            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as err:
+            self._error(host, port, 502, f"cannot connect: {err}")
+            return
+        lines = [f"{self.command} {path} HTTP/1.1"]
+        for name, value in self.headers.items():
+            if name.lower() not in HOP_BY_HOP and name.lower() != "host":
+                lines.append(f"{name}: {value}")
+        lines += [f"Host: {host}:{port}", "Connection: close", "", ""]
+        head = "\r\n".join(lines).encode("latin-1")
+        status: int | None = None
+        down = 0
+        try:
+            upstream.sendall(head + body)
+            upstream.settimeout(IDLE_TIMEOUT_S)
+            while data := upstream.recv(65536):
+                if status is None:
+                    status = _status_of(data)
+                self.wfile.write(data)
+                down += len(data)
+            self.wfile.flush()
+        except OSError:
+            pass  # either side went away; the line still says how much went through
+        finally:
+            upstream.close()
+        self.server.proxy.record(
+            method=self.command, host=host, port=port, url=self.path, verdict="allowed",
+            request_bytes=len(head) + len(body), response_bytes=down, started=started,
+            http_status=status,
+        )  # fmt: skip
+
+    def _refuse(self, host: str, port: int, why: str) -> None:
+        self._answer(403, f"hangar egress ({self.server.proxy.policy}): {why}")
+        self.server.proxy.record(
+            method=self.command, host=host, port=port, url=self.path, verdict="refused",
+            request_bytes=0, response_bytes=0, started=time.monotonic(), reason=why,
+        )  # fmt: skip
+
+    def _error(self, host: str, port: int, status: int, why: str) -> None:
+        self._answer(status, f"hangar egress: {why}")
+        self.server.proxy.record(
+            method=self.command, host=host, port=port, url=self.path, verdict="allowed",
+            request_bytes=0, response_bytes=0, started=time.monotonic(), error=why,
+        )  # fmt: skip
+
+    def _answer(self, status: int, text: str) -> None:
+        data = (text + "\n").encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError:
+            pass  # the client went away; the log still says what happened
+
+
+def _status_of(data: bytes) -> int | None:
+    first = data.split(b"\r\n", 1)[0].split()
+    return int(first[1]) if len(first) >= 2 and first[1].isdigit() else None
+
+
+def _splice(client: socket.socket, client_in: Any, upstream: socket.socket) -> tuple[int, int]:
+    """Relay both ways until both sides are done; the bytes (client→upstream, upstream→client)."""
+    counts = [0, 0]
+
+    def up() -> None:
+        try:
+            # What the request's reader already buffered comes first, then the socket.
+            while data := client_in.read1(65536):
+                upstream.sendall(data)
+                counts[0] += len(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                upstream.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=up, daemon=True)
+    thread.start()
+    try:
+        upstream.settimeout(IDLE_TIMEOUT_S)
+        while data := upstream.recv(65536):
+            client.sendall(data)
+            counts[1] += len(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            client.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    thread.join(timeout=IDLE_TIMEOUT_S)
+    upstream.close()
+    return counts[0], counts[1]
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    proxy: EgressProxy
+    fixed: _Route | None = None  # set: this socket reaches only this destination
+
+
+class EgressProxy:
+    """The host side: the forward proxy (and the mirror's fixed route) on unix sockets."""
+
+    def __init__(self, policy: Policy, routes: list[_Route], log_path: Path) -> None:
+        self.policy: Policy = policy
+        self.routes = {(r.host, r.port): r for r in routes}
+        self.log = EgressLog(log_path)
+        self._serving: list[ServerThread[_Server]] = []
+
+    def refusal(self, host: str, port: int, method: str) -> str | None:
+        """Why ``method`` to ``host:port`` is refused under the policy; None when allowed."""
+        route = self.routes.get((host.lower(), port))
+        if route is None:
+            return f"{host}:{port} is not on the {self.policy} policy's list"
+        if method not in route.methods:
+            allowed = ", ".join(sorted(route.methods))
+            return f"{method} to {host}:{port} is not allowed (only {allowed}: read-only)"
+        return None
+
+    def record(
+        self, *, started: float, request_bytes: int, response_bytes: int, **what: Any
+    ) -> None:
+        entry = {
+            "time": datetime.now(UTC).isoformat(),
+            "source": "egress-proxy",
+            "policy": self.policy,
+            **{k: v for k, v in what.items() if v is not None},
+            "request_bytes": request_bytes,
+            "response_bytes": response_bytes,
+            "bytes": request_bytes + response_bytes,
+            "duration_s": round(time.monotonic() - started, 3),
+        }
+        self.log.write(entry)
+
+    def serve(self, socket_path: Path, fixed: _Route | None = None) -> None:
+        server = _Server(str(socket_path), _Handler)
+        server.proxy = self
+        server.fixed = fixed
+        self._serving.append(ServerThread(server, f"egress-proxy-{socket_path.name}"))
+
+    def stop(self) -> None:
+        for serving in self._serving:
+            serving.stop()
+        self._serving = []
+
+
+def _free_port() -> int:
+    # Any port works in the sandbox's own loopback; a free host port just avoids the mirror's.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _mirror_routes(mirror: Mirror) -> list[_Route]:
+    if mirror.scheme == "https":
+        return [_Route(mirror.host.lower(), mirror.port, frozenset({"CONNECT"}))]
+    return [_Route(mirror.host.lower(), mirror.port, mirror.methods)]
+
+
+def _env(proxy_port: int, mirror: Mirror) -> dict[str, str]:
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    no_proxy = ",".join(LOOPBACK_NAMES)  # the forwarder's own ports (model API, the mirror)
+    env = {
+        "http_proxy": proxy_url,
+        "https_proxy": proxy_url,
+        "HTTP_PROXY": proxy_url,
+        "HTTPS_PROXY": proxy_url,
+        "no_proxy": no_proxy,
+        "NO_PROXY": no_proxy,
+        "PIP_INDEX_URL": mirror.index_url,
+        # The host's pip.conf names host paths (find-links, file:// indexes) a sandbox lacks.
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    if mirror.scheme == "http" and mirror.host not in LOOPBACK_NAMES:
+        env["PIP_TRUSTED_HOST"] = mirror.host  # pip ignores a plain-http index host otherwise
+    return env
+
+
+@contextmanager
+def open_egress(policy: Policy, log_path: Path, settings: Settings) -> Iterator[EgressGrant]:
+    """Run the egress proxy of one sandbox under ``policy`` while the block runs.
+
+    Yields the grant a ``SandboxRequest`` adds (``grant.mounts``, ``grant.env``,
+    ``grant.wrap(argv)``). Each request, allowed or refused, is a line in
+    ``log_path``. ``none`` starts nothing and yields an empty grant.
+    """
+    if policy not in POLICIES:
+        raise EgressError(f"egress policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    if policy == "none":
+        yield NO_EGRESS
+        return
+    mirror = ensure_mirror(settings)
+    # A unix socket path must stay under ~108 bytes: a short scratch dir, not the trial's.
+    scratch = Path(tempfile.mkdtemp(prefix="hangar-egress-"))
+    if len(str(scratch / PROXY_SOCKET)) > 100:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise EgressError(
+            f"temporary directory {tempfile.gettempdir()} is too deep for a unix socket path; "
+            "set TMPDIR to a short directory such as /tmp"
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.touch()
+    routes = _mirror_routes(mirror)
+    proxy = EgressProxy(policy, routes, log_path)
+    proxy_port = _free_port()
+    pairs = [(proxy_port, f"{SOCKET_MOUNT}/{PROXY_SOCKET}")]
+    try:
+        proxy.serve(scratch / PROXY_SOCKET)
+        if mirror.host in LOOPBACK_NAMES and mirror.scheme == "http":
+            proxy.serve(scratch / MIRROR_SOCKET, fixed=routes[0])
+            pairs.append((mirror.port, f"{SOCKET_MOUNT}/{MIRROR_SOCKET}"))
+        yield EgressGrant(
+            policy=policy,
+            mounts=(Mount(scratch, SOCKET_MOUNT),),
+            env=_env(proxy_port, mirror),
+            prefix=tuple(forward_argv(pairs)),
+            mirror=mirror,
+        )
+    finally:
+        proxy.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def egress_lines(text: str) -> list[dict[str, Any]]:
+    """The egress proxy's lines of an ``egress.jsonl`` text (the model proxy's left out)."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("source") == "egress-proxy":
+            out.append(entry)
+    return out
