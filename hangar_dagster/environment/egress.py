@@ -45,7 +45,7 @@ import socketserver
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from hangar_dagster.environment.mirror import Mirror, ensure_mirror
+from hangar_dagster.environment.mirror import MirrorError, ensure_mirror
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.model_proxy import EgressLog, forward_argv
 from hangar_dagster.trials.sandbox import Mount
@@ -92,7 +92,7 @@ class EgressGrant:
     mounts: tuple[Mount, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     prefix: tuple[str, ...] = ()
-    mirror: Mirror | None = None
+    mirror_url: str | None = None  # the mirror's index URL as the sandbox sees it (PIP_INDEX_URL)
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` under the grant's forwarder (``argv`` itself when there is none)."""
@@ -104,9 +104,30 @@ NO_EGRESS = EgressGrant(policy="none")
 
 @dataclass(frozen=True)
 class _Route:
-    host: str
+    host: str  # as the sandbox names it
     port: int
     methods: frozenset[str]  # the HTTP methods allowed; CONNECT for a TLS destination
+    # Where it really goes, asked on first use (the embedded mirror starts then); None: itself.
+    upstream: Callable[[], tuple[str, int]] | None = field(default=None, compare=False)
+
+    def destination(self) -> tuple[str, int]:
+        return self.upstream() if self.upstream is not None else (self.host, self.port)
+
+
+class _OnDemand:
+    """The embedded mirror's address, started by the first request that needs it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._address: tuple[str, int] | None = None
+
+    def __call__(self) -> tuple[str, int]:
+        with self._lock:
+            if self._address is None:
+                mirror = ensure_mirror(self._settings)
+                self._address = (mirror.host, mirror.port)
+            return self._address
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -128,10 +149,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(host, port, why)
             return
         started = time.monotonic()
-        try:
-            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        except OSError as err:
-            self._error(host, port, 502, f"cannot connect: {err}")
+        upstream = self._connect(host, port)
+        if upstream is None:
             return
         self.wfile.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         self.wfile.flush()
@@ -185,16 +204,15 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
-        try:
-            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        except OSError as err:
-            self._error(host, port, 502, f"cannot connect: {err}")
+        upstream = self._connect(host, port)
+        if upstream is None:
             return
+        dest_host, dest_port = upstream.getpeername()[:2]
         lines = [f"{self.command} {path} HTTP/1.1"]
         for name, value in self.headers.items():
             if name.lower() not in HOP_BY_HOP and name.lower() != "host":
                 lines.append(f"{name}: {value}")
-        lines += [f"Host: {host}:{port}", "Connection: close", "", ""]
+        lines += [f"Host: {dest_host}:{dest_port}", "Connection: close", "", ""]
         head = "\r\n".join(lines).encode("latin-1")
         status: int | None = None
         down = 0
@@ -216,6 +234,15 @@ class _Handler(BaseHTTPRequestHandler):
             request_bytes=len(head) + len(body), response_bytes=down, started=started,
             http_status=status,
         )  # fmt: skip
+
+    def _connect(self, host: str, port: int) -> socket.socket | None:
+        """A connection to the allowed route's destination; None (answered 502) if none."""
+        try:
+            dest = self.server.proxy.routes[(host.lower(), port)].destination()
+            return socket.create_connection(dest, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, MirrorError) as err:
+            self._error(host, port, 502, f"cannot connect: {err}")
+            return None
 
     def _refuse(self, host: str, port: int, why: str) -> None:
         self._answer(403, f"hangar egress ({self.server.proxy.policy}): {why}")
@@ -329,6 +356,8 @@ class EgressProxy:
 
     def serve(self, socket_path: Path, fixed: _Route | None = None) -> None:
         server = _Server(str(socket_path), _Handler)
+        # The grader's command runs as a fresh unprivileged uid: it must be able to connect.
+        socket_path.chmod(0o666)
         server.proxy = self
         server.fixed = fixed
         self._serving.append(ServerThread(server, f"egress-proxy-{socket_path.name}"))
@@ -346,13 +375,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _mirror_routes(mirror: Mirror) -> list[_Route]:
-    if mirror.scheme == "https":
-        return [_Route(mirror.host.lower(), mirror.port, frozenset({"CONNECT"}))]
-    return [_Route(mirror.host.lower(), mirror.port, mirror.methods)]
+def _mirror_route(settings: Settings, avoid: int) -> tuple[_Route, str, str]:
+    """The mirror's route, its index URL in the sandbox, and its scheme.
+
+    The embedded mirror is not started here: the sandbox sees it at a port of its own
+    loopback, and the first request that reaches it starts it (most sandboxes never ask).
+    """
+    if settings.package_mirror_url:
+        mirror = ensure_mirror(settings)  # an existing mirror: nothing starts
+        methods = frozenset({"CONNECT"}) if mirror.scheme == "https" else mirror.methods
+        return _Route(mirror.host.lower(), mirror.port, methods), mirror.index_url, mirror.scheme
+    port = _free_port()
+    while port == avoid:
+        port = _free_port()
+    route = _Route("127.0.0.1", port, frozenset({"GET", "HEAD"}), upstream=_OnDemand(settings))
+    return route, f"http://127.0.0.1:{port}/index/", "http"
 
 
-def _env(proxy_port: int, mirror: Mirror) -> dict[str, str]:
+def _env(proxy_port: int, mirror_url: str) -> dict[str, str]:
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     no_proxy = ",".join(LOOPBACK_NAMES)  # the forwarder's own ports (model API, the mirror)
     env = {
@@ -362,13 +402,14 @@ def _env(proxy_port: int, mirror: Mirror) -> dict[str, str]:
         "HTTPS_PROXY": proxy_url,
         "no_proxy": no_proxy,
         "NO_PROXY": no_proxy,
-        "PIP_INDEX_URL": mirror.index_url,
+        "PIP_INDEX_URL": mirror_url,
         # The host's pip.conf names host paths (find-links, file:// indexes) a sandbox lacks.
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
-    if mirror.scheme == "http" and mirror.host not in LOOPBACK_NAMES:
-        env["PIP_TRUSTED_HOST"] = mirror.host  # pip ignores a plain-http index host otherwise
+    parts = urlsplit(mirror_url)
+    if parts.scheme == "http" and parts.hostname not in LOOPBACK_NAMES:
+        env["PIP_TRUSTED_HOST"] = parts.hostname or ""  # pip ignores a plain-http host otherwise
     return env
 
 
@@ -385,7 +426,6 @@ def open_egress(policy: Policy, log_path: Path, settings: Settings) -> Iterator[
     if policy == "none":
         yield NO_EGRESS
         return
-    mirror = ensure_mirror(settings)
     # A unix socket path must stay under ~108 bytes: a short scratch dir, not the trial's.
     scratch = Path(tempfile.mkdtemp(prefix="hangar-egress-"))
     if len(str(scratch / PROXY_SOCKET)) > 100:
@@ -394,23 +434,28 @@ def open_egress(policy: Policy, log_path: Path, settings: Settings) -> Iterator[
             f"temporary directory {tempfile.gettempdir()} is too deep for a unix socket path; "
             "set TMPDIR to a short directory such as /tmp"
         )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.touch()
-    routes = _mirror_routes(mirror)
-    proxy = EgressProxy(policy, routes, log_path)
+    scratch.chmod(0o755)  # mkdtemp's 0700 would keep the grader's unprivileged uid out
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # the file: at the first request
     proxy_port = _free_port()
+    try:
+        route, mirror_url, scheme = _mirror_route(settings, avoid=proxy_port)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    proxy = EgressProxy(policy, [route], log_path)
     pairs = [(proxy_port, f"{SOCKET_MOUNT}/{PROXY_SOCKET}")]
     try:
         proxy.serve(scratch / PROXY_SOCKET)
-        if mirror.host in LOOPBACK_NAMES and mirror.scheme == "http":
-            proxy.serve(scratch / MIRROR_SOCKET, fixed=routes[0])
-            pairs.append((mirror.port, f"{SOCKET_MOUNT}/{MIRROR_SOCKET}"))
+        if route.host in LOOPBACK_NAMES and scheme == "http":
+            # The sandbox's own 127.0.0.1:<port> is relayed to the mirror (no proxy setting).
+            proxy.serve(scratch / MIRROR_SOCKET, fixed=route)
+            pairs.append((route.port, f"{SOCKET_MOUNT}/{MIRROR_SOCKET}"))
         yield EgressGrant(
             policy=policy,
             mounts=(Mount(scratch, SOCKET_MOUNT),),
-            env=_env(proxy_port, mirror),
+            env=_env(proxy_port, mirror_url),
             prefix=tuple(forward_argv(pairs)),
-            mirror=mirror,
+            mirror_url=mirror_url,
         )
     finally:
         proxy.stop()

@@ -157,10 +157,10 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
             entry = json.loads(line)
         except ValueError:
             continue
-        # Only the model proxy's lines (they name the provider); the egress proxy's are not.
+        # The model proxy's lines only: the egress proxy's (the mirror's answers) share the file.
         if (
             isinstance(entry, dict)
-            and entry.get("provider")
+            and entry.get("source") != "egress-proxy"
             and isinstance(entry.get("status"), int)
         ):
             last = entry
@@ -497,7 +497,8 @@ def forward(pairs: list[tuple[int, str]], argv: list[str]) -> int:
         listeners.append(listener)
         threading.Thread(target=_serve, args=(listener, socket_path), daemon=True).start()
     try:
-        child = subprocess.Popen(argv)
+        # close_fds=False: the fds the sandbox passed on (the grader's pipes) reach the command.
+        child = subprocess.Popen(argv, close_fds=False)
     except OSError as err:
         print(f"hangar forwarder: cannot start {argv[0]}: {err}", file=sys.stderr)
         return 127
