@@ -360,7 +360,10 @@ class EgressProxy:
         socket_path.chmod(0o666)
         server.proxy = self
         server.fixed = fixed
-        self._serving.append(ServerThread(server, f"egress-proxy-{socket_path.name}"))
+        # A short poll: a sandbox run waits for the proxy's stop (0.5 s by default, per socket).
+        self._serving.append(
+            ServerThread(server, f"egress-proxy-{socket_path.name}", poll_interval=0.02)
+        )
 
     def stop(self) -> None:
         for serving in self._serving:

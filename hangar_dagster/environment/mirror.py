@@ -322,15 +322,18 @@ def serve(
         PROXPI_CACHE_DIR=cache_dir,
         PROXPI_DOWNLOAD_TIMEOUT=str(DOWNLOAD_TIMEOUT_S),
         PROXPI_LOGGING_LEVEL="INFO",
+        NO_COLOR="1",  # a log file, not a terminal
     )
     if cert:
         os.environ["REQUESTS_CA_BUNDLE"] = cert
     from proxpi.server import app
     from werkzeug.serving import run_simple
 
-    # Each connection proxpi opens upstream is a log line ("Starting new HTTPS connection"):
-    # how the benchmark tells a cache hit from an upstream fetch.
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.DEBUG)
+    # Each upstream fetch is a log line ("Refreshing '<project>'", "Downloading '<url>'"): how
+    # an operator (and the benchmark) tells a cache hit from a trip upstream.
+    logging.getLogger("proxpi._cache").setLevel(logging.DEBUG)
+    for handler in logging.root.handlers:  # coloredlogs, when installed, sets its own to INFO
+        handler.setLevel(logging.DEBUG)
     run_simple("127.0.0.1", port, app, threaded=True, use_reloader=False)
 
 
