@@ -50,7 +50,9 @@ def run(backend: str, settings: Settings, work: Path, argv: list[str], egress: b
         )
     elapsed = time.perf_counter() - started
     if result.exit_code != 0:
-        raise SystemExit(f"{argv} failed in {backend}: {result.stdout[-800:]}{result.stderr[-800:]}")
+        raise SystemExit(
+            f"{argv} failed in {backend}: {result.stdout[-800:]}{result.stderr[-800:]}"
+        )
     return elapsed
 
 
@@ -90,7 +92,9 @@ def main() -> None:
         for _ in range(args.repeat):
             for policy in trivial:
                 work = Path(tempfile.mkdtemp(dir=home))
-                trivial[policy].append(run(args.backend, settings, work, ["true"], policy != "none"))
+                trivial[policy].append(
+                    run(args.backend, settings, work, ["true"], policy != "none")
+                )
     finally:
         stop_mirror(settings)
     median = {k: statistics.median(v) for k, v in trivial.items()}

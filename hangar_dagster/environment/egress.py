@@ -7,8 +7,7 @@ on unix sockets in a short scratch directory, and yields the ``EgressGrant`` a
 sandbox request adds: that directory mounted read-only, the environment that
 points the tools at it (``http_proxy`` and friends, ``PIP_INDEX_URL`` = the
 mirror) and the argv prefix that starts the in-sandbox loopback forwarder
-(``python -m hangar_dagster.trials.model_proxy forward``, the model proxy's) and
-runs the command as its child.
+(``trials/forwarder.py``, the model proxy's) and runs the command as its child.
 
 The policies (the spec's ``environment.egress.mode`` and ``grader.network``):
 
@@ -29,10 +28,11 @@ resolve to the mirror is refused.
 
 Two ways in, one socket each: ``proxy.sock`` is the forward proxy (absolute-URL
 requests and CONNECT); ``mirror.sock`` is a fixed route to a mirror on the host's
-loopback, which the sandbox sees at the same ``127.0.0.1:<port>`` as the host
-does (its own loopback, relayed), so the mirror's URL is the same everywhere and
-pip keeps treating it as a local, secure origin. docs/operations.md says why this
-is hangar's own code and not squid or tinyproxy.
+loopback, which the sandbox sees at a port of its own loopback (relayed), so pip
+treats it as a local, secure origin and needs no proxy setting for it. The
+embedded mirror is started by the first request that reaches it, not by
+``open_egress``. docs/operations.md says why this is hangar's own code and not
+squid or tinyproxy.
 """
 
 from __future__ import annotations

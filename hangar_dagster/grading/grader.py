@@ -545,7 +545,8 @@ def _run_sealed(
         text = extra[:_OUT_CAP].decode("utf-8", errors="replace")
         parts.append(f"--- $HANGAR_GRADE_OUT ---\n{text}")
     if grant.policy != "none":
-        lines = egress_lines((work / EGRESS_NAME).read_text(errors="replace"))
+        log = work / EGRESS_NAME  # written at the first request: none made, no file
+        lines = egress_lines(log.read_text(errors="replace")) if log.exists() else []
         refused = [f"{e.get('method')} {e.get('host')}:{e.get('port')}" for e in lines
                    if e.get("verdict") == "refused"]  # fmt: skip
         parts.append(

@@ -13,10 +13,12 @@ pieces bridge it to the provider:
   ``<out_dir>/egress.jsonl`` (method, path, status, byte counts, duration and
   the request body text, cut to its head and tail: the canary is searched there,
   and ``first_request_tools`` reads from it the tools the agent first offered);
-- in the sandbox, the forwarder (``python -m hangar_dagster.trials.model_proxy forward``):
-  listens on ``127.0.0.1:<port>`` inside the sandbox's own loopback, relays
-  every connection byte for byte to the unix socket (its directory is mounted
-  in), and runs the agent CLI as its child, exiting with its status.
+- in the sandbox, the forwarder (``trials/forwarder.py``, also
+  ``python -m hangar_dagster.trials.model_proxy forward``): listens on
+  ``127.0.0.1:<port>`` inside the sandbox's own loopback, relays every
+  connection byte for byte to the unix socket (its directory is mounted in),
+  and runs the agent CLI as its child, exiting with its status. The egress
+  proxy (environment/egress.py) is reached through the same forwarder.
 
 So the CLI is pointed at ``http://127.0.0.1:<port>`` with a placeholder key
 (``hangar-proxy``); the real key stays in the orchestrator's process.
