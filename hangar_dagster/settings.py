@@ -39,6 +39,7 @@ OPENAI_KEY_VAR = "OPENAI_API_KEY"
 AGENT_BIN_DIR_VAR = "HANGAR_AGENT_BIN_DIR"
 HARNESS_REPO_VAR = "HANGAR_HARNESS_REPO"
 WEBSERVER_URL_VAR = "HANGAR_WEBSERVER_URL"
+PACKAGE_MIRROR_URL_VAR = "HANGAR_PACKAGE_MIRROR_URL"
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class Settings:
     agent_bin_dir: str | None = None
     harness_repo: str | None = None
     webserver_url: str | None = None
+    # An existing package index to use as the mirror; unset: hangar starts its own (mirror.py).
+    package_mirror_url: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -142,6 +145,7 @@ class Settings:
             agent_bin_dir=env.get(AGENT_BIN_DIR_VAR) or None,
             harness_repo=env.get(HARNESS_REPO_VAR) or None,
             webserver_url=env.get(WEBSERVER_URL_VAR) or None,
+            package_mirror_url=_text(env, PACKAGE_MIRROR_URL_VAR) or None,
         )
 
     @property

@@ -7,14 +7,16 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from hangar_dagster.environment.mirror import Mirror, ensure_mirror, stop_mirror
 from hangar_dagster.experiment.harness import freeze
+from hangar_dagster.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"
@@ -181,3 +183,19 @@ def write_spec(example_dir: Path, spec: dict[str, Any]) -> Path:
     path = example_dir / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+@pytest.fixture(scope="session")
+def package_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Mirror]]:
+    """One real package mirror (proxpi, upstream = pip's index here) for the whole session.
+
+    Returns the settings of the home it belongs to and the mirror; stopped at the end. A test
+    of another home reaches it with ``HANGAR_PACKAGE_MIRROR_URL`` = ``mirror.index_url``.
+    """
+    home = tmp_path_factory.mktemp("mirror-home")
+    settings = Settings(home=home, dagster_home=home / "dagster")
+    mirror = ensure_mirror(settings)
+    try:
+        yield settings, mirror
+    finally:
+        stop_mirror(settings)

@@ -194,7 +194,11 @@ def get_cmd(
             + f"; not in the loaded definitions (`hangar experiment unarchive {record.experiment_id}`)"
         )
     for variant, pin in out["pins"].items():
-        console.print(f"  {variant}: {pin['pin_set']}  {pin['harness_lock']}  model {pin['model']}")
+        # The egress the variant's trials run under (the seed's pins.trial_egress).
+        console.print(
+            f"  {variant}: {pin['pin_set']}  {pin['harness_lock']}  model {pin['model']}"
+            f"  egress {pin['egress']}"
+        )
     for task, check in out["base_checks"].items():
         state = f"[red]invalid: {check['reason']}[/]" if check["invalid"] else "ok (fails on base)"
         console.print(f"  base check {task}: {state}")

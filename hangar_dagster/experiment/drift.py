@@ -98,7 +98,7 @@ def environment_pins(environment: Environment) -> dict[str, Any]:
 def environment_observed(
     sandbox_info: Mapping[str, str],
     *,
-    network: bool,
+    egress: str,
     timeout_s: float,
     memory_mb: int,
     build: Sequence[str],
@@ -107,7 +107,7 @@ def environment_observed(
 
     ``sandbox_info`` is ``Sandbox.describe()``: its ``backend`` is the sandbox,
     and ``image``, ``isolation`` and ``egress`` count when the backend reports
-    them. Without network the egress is ``none`` whatever the backend says.
+    them. ``egress`` is the policy the trial's egress proxy enforced (``none``: no proxy ran).
     """
     seen: dict[str, Any] = {
         "sandbox": sandbox_info.get("backend"),
@@ -118,10 +118,7 @@ def environment_observed(
     for key in ("image", "isolation"):
         if key in sandbox_info:
             seen[key] = sandbox_info[key]
-    if not network:
-        seen["egress.mode"] = "none"
-    elif "egress" in sandbox_info:
-        seen["egress.mode"] = sandbox_info["egress"]
+    seen["egress.mode"] = egress
     return seen
 
 

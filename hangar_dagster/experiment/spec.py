@@ -106,9 +106,11 @@ def _file_names(files: dict[str, str]) -> dict[str, str]:
 
 class Egress(_Strict):
     mode: Literal["none", "allowlist", "mirror"] = Field(
-        "none",
-        description="none: no network at all; allowlist: model API and package mirror only; "
-        "mirror: package mirror only. The local sandbox enforces none.",
+        "allowlist",
+        description="none: nothing beyond the sandbox's loopback (an agent still reaches its "
+        "model through the model proxy); allowlist (the default): the model API through the "
+        "model proxy and the package mirror; mirror: the package mirror only. Enforced by one "
+        "egress proxy per sandbox; every request is a line in the trial's egress.jsonl.",
     )
 
 

@@ -1,7 +1,7 @@
 """Submit: check a spec against the world, pin every reference, and store the resolved experiment.
 
 ``resolve`` collects every problem (unreachable repo, unknown base, missing
-harness lock, floating model, unreadable hidden tests, unsupported egress)
+harness lock, floating model, unreadable hidden tests)
 and raises one ``SpecError`` listing them all; nothing is written then.
 ``submit`` writes the resolved experiment atomically, then its row.
 """
@@ -300,14 +300,6 @@ def _resolve(
                 Problem(path=f"{where}.{field}", message=refused.message, fix=refused.fix)
             )
         environment = variant.environment or spec.environment
-        if environment.egress.mode != "none":
-            problems.append(
-                Problem(
-                    path=f"{where}.environment.egress.mode",
-                    message=f"{environment.egress.mode!r} needs an egress proxy, which the local sandbox does not have",
-                    fix="use egress mode none on the local sandbox",
-                )
-            )
         run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
         env_digest = environment_digest(environment)
         content = lock_pin_content(

@@ -52,6 +52,7 @@ def grade_by_hand(spec_path: Path, task_id: str, patch: str, settings: Settings)
     run = run_grader(
         experiment, task_id, patch, label=f"{label}-{task_id}",
         work_root=paths.work / "grading", env_extra={"HANGAR_TRIAL": f"{label}/{task_id}"},
+        settings=settings,
     )  # fmt: skip
     grader = experiment.spec.grader
     result: dict[str, Any] = mask(

@@ -3,7 +3,8 @@
 One grader run (``run_grader``) is: a fresh clone of the task at its base
 SHA, the patch applied, the hidden files written outside the repo (canary
 line on top, directory made read-only and mounted read-only), the grader
-command run with ``/bin/sh -c`` in the sandbox with no network and an
+command run with ``/bin/sh -c`` in the sandbox with no network (``network:
+mirror``: only the package mirror, through its egress proxy) and an
 environment built from scratch, then the JUnit report read and ``decide``
 applied. ``grade_trial`` and ``check_base`` turn runs into stored rows.
 docs/grading.md describes the whole path, the trust levels and the seams
@@ -28,6 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from hangar_dagster.environment.egress import (
+    EgressError,
+    EgressGrant,
+    Policy,
+    egress_lines,
+    open_egress,
+)
+from hangar_dagster.environment.mirror import MirrorError
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.spec import Grader, hidden_path_problem
 from hangar_dagster.grading.crosscheck import (
@@ -48,8 +57,9 @@ from hangar_dagster.results.records import (
     TrialRecord,
     Trust,
 )
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import mask
+from hangar_dagster.trials.model_proxy import EGRESS_NAME
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
 from hangar_dagster.trials.sandbox._common import Capture
@@ -389,15 +399,17 @@ def run_grader(
     work_root: Path,
     env_extra: dict[str, str],
     expected_tests: Collection[str] = (),
+    settings: Settings | None = None,
 ) -> GraderRun:
     """Grade ``patch`` (empty for the bare base) on a fresh clone of the task, in the sandbox.
 
     ``env_extra`` may set HANGAR_TRIAL and HANGAR_VARIANT (defaults: ``label``
     and empty); ``expected_tests`` are test ids the base check collected, each
-    of which must be in the report. A patch that does not apply, or a network
-    the local sandbox cannot give, is a failed run with a reason; a sandbox
-    that cannot be created raises ``SandboxUnavailable`` (infrastructure, not
-    a grade).
+    of which must be in the report. A patch that does not apply, or a package
+    mirror that cannot be reached for ``network: mirror``, is a failed run with
+    a reason; a sandbox that cannot be created raises ``SandboxUnavailable``
+    (infrastructure, not a grade). ``settings`` (the operator's) say where the
+    mirror is; a caller without them gets this process's (``Settings.from_env``).
     """
     unknown = sorted(set(env_extra) - _ENV_EXTRA)
     if unknown:
@@ -407,132 +419,162 @@ def run_grader(
         )
     started = time.monotonic()
     grader = experiment.spec.grader
-    task = experiment.tasks[task_id]
-    canary = experiment.canary
-    if grader.network != "none":
-        return _failed(
-            f"grader network {grader.network!r} is not supported by the local sandbox: "
-            "use network: none with a repo build, or a backend with a package mirror",
-            started,
-        )
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"grade-{_safe_label(label)}-", dir=work_root))
     pipes: list[_Pipe] = []
     try:
-        repo, hidden = work / "repo", work / "hidden"
-        isolated_clone(task.repo, task.base_sha, repo)
-        base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
+        # Sealed, or (network: mirror) the read-only package mirror and nothing else.
+        policy: Policy = "mirror" if grader.network == "mirror" else "none"
         try:
-            apply_patch(repo, patch)
-        except GitError as err:
-            return _failed(
-                f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
-            )
-        _purge_bytecode(repo)
-        static = static_signals(repo, patch)  # before any code of the patch runs
-        files = hidden_files_for(experiment, task_id)
-        mounts: list[Mount] = []
-        hidden_digest: str | None = None
-        if grader.files_mode == "hidden":
-            hidden.mkdir()
-            canary_files = write_hidden_files(hidden, files, canary)
-            _make_read_only(hidden)
-            hidden_digest = tree_digest(hidden)
-            mounts.append(Mount(hidden, str(hidden), writable=False))
-            hidden_dir = hidden
-        else:
-            # The old layout: the files sit in the repo, where the patch's code can change them.
-            canary_files = write_hidden_files(repo, files, canary)
-            hidden_dir = repo
-        run_as = grader_user()
-        if run_as is not None:
-            _hand_over(repo, run_as.uid)
-        uid = run_as.uid if run_as else None
-        pipes = [_Pipe(_OUT_CAP, uid), _Pipe(MAX_BYTES, uid), _Pipe(_REPORT_CAP, uid)]
-        grade_out, junit_pipe, report_pipe = pipes
-        env = {
-            "HANGAR_HIDDEN_TESTS": str(hidden_dir),
-            "HANGAR_REPO": str(repo),
-            "HANGAR_GRADE_OUT": grade_out.path,
-            "HANGAR_GRADE_JUNIT": junit_pipe.path,
-            "HANGAR_GRADE_REPORT": report_pipe.path,
-            "HANGAR_TRIAL": label,
-            "HANGAR_TASK": task_id,
-            "HANGAR_VARIANT": "",
-            "HANGAR_EXPERIMENT": experiment.experiment_id,
-            # The repo's import roots (relative to it): hangar-grade puts them first on sys.path.
-            "HANGAR_PYTHONPATH": ":".join(grader.pythonpath),
-            **env_extra,
-            # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
-            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": "/tmp",
-            "LANG": "C.UTF-8",
-        }
-        result = get_sandbox(experiment.spec.environment.sandbox).run(
-            SandboxRequest(
-                argv=["/bin/sh", "-c", grader.command],
-                workdir=repo,
-                env=env,
-                timeout_s=grader.timeout_s,
-                memory_mb=experiment.spec.environment.resources.memory_mb,
-                mounts=mounts,
-                network=False,
-                run_as=run_as,
-                pass_fds=tuple(p.write_end for p in pipes),
-            )
-        )
-        # Every process of the sandbox is gone: what the pipes hold now is all there is.
-        extra, junit_bytes, report_bytes = (p.finish() for p in pipes)
-        pipes = []
-        junit = parse_junit_bytes(junit_bytes, "$HANGAR_GRADE_JUNIT", junit_pipe.total)
-        if not junit_bytes:
-            junit = JunitResult(False, "no JUnit report was written to $HANGAR_GRADE_JUNIT")
-        passed, reason = decide(result.exit_code, result.timed_out, junit)
-        runner = grader_runner(grader.command)
-        stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
-        problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
-        signals = [*static, *signals]
-        if len(report_bytes) > _REPORT_CAP:
-            problems.append("the trusted reporter's stream is over its size cap")
-        if hidden_digest is not None and tree_digest(hidden) != hidden_digest:
-            problems.append("the hidden tests' digest changed during the run")
-            signals.append("run: hidden tests' digest changed")
-        if problems:
-            passed = False
-            reason = "; ".join([*([reason] if reason else []), *problems])
-        uid_split = stream is not None and split_confirmed(stream, run_as)
-        parts = [result.stdout]
-        if result.stderr:
-            parts.append(f"--- stderr ---\n{result.stderr}")
-        if extra:
-            text = extra[:_OUT_CAP].decode("utf-8", errors="replace")
-            parts.append(f"--- $HANGAR_GRADE_OUT ---\n{text}")
-        parts.append(
-            f"--- hangar ---\nexit: {result.exit_code} timed_out: {result.timed_out} "
-            f"tests: {json.dumps(junit.counts)} passed: {passed} reason: {reason} "
-            f"canary_files: {canary_files} uid_split: {uid_split} "
-            f"signals: {json.dumps(signals)}\n"
-        )
-        return GraderRun(
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            counts=junit.counts,
-            junit_ok=junit.ok,
-            reason=mask(reason, canary),
-            output=mask("\n".join(parts), canary),
-            duration_s=time.monotonic() - started,
-            passed=passed,
-            base_paths=base_paths,
-            uid_split=uid_split,
-            run_signals=tuple(mask(signals, canary)),
-            canary_files=canary_files,
-            collected=tuple(stream.collected or ()) if stream is not None else (),
-            tests=per_test_results(junit, stream, canary),
-        )
+            with open_egress(policy, work / EGRESS_NAME, settings or Settings.from_env()) as grant:
+                return _run_sealed(
+                    experiment, task_id, patch, label, env_extra, expected_tests, started,
+                    work, pipes, grant,
+                )  # fmt: skip
+        except (MirrorError, EgressError) as err:
+            return _failed(f"grader network mirror: {err}", started)
     finally:
         for p in pipes:
             p.finish()
         remove_tree(work)
+
+
+def _run_sealed(
+    experiment: ResolvedExperiment,
+    task_id: str,
+    patch: str,
+    label: str,
+    env_extra: dict[str, str],
+    expected_tests: Collection[str],
+    started: float,
+    work: Path,
+    pipes: list[_Pipe],
+    grant: EgressGrant,
+) -> GraderRun:
+    """``run_grader`` in its work dir with its way out (``grant``); ``pipes`` are closed by it."""
+    grader = experiment.spec.grader
+    task = experiment.tasks[task_id]
+    canary = experiment.canary
+    repo, hidden = work / "repo", work / "hidden"
+    isolated_clone(task.repo, task.base_sha, repo)
+    base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
+    try:
+        apply_patch(repo, patch)
+    except GitError as err:
+        return _failed(
+            f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
+        )
+    _purge_bytecode(repo)
+    static = static_signals(repo, patch)  # before any code of the patch runs
+    files = hidden_files_for(experiment, task_id)
+    mounts: list[Mount] = []
+    hidden_digest: str | None = None
+    if grader.files_mode == "hidden":
+        hidden.mkdir()
+        canary_files = write_hidden_files(hidden, files, canary)
+        _make_read_only(hidden)
+        hidden_digest = tree_digest(hidden)
+        mounts.append(Mount(hidden, str(hidden), writable=False))
+        hidden_dir = hidden
+    else:
+        # The old layout: the files sit in the repo, where the patch's code can change them.
+        canary_files = write_hidden_files(repo, files, canary)
+        hidden_dir = repo
+    run_as = grader_user()
+    if run_as is not None:
+        _hand_over(repo, run_as.uid)
+    uid = run_as.uid if run_as else None
+    pipes[:] = [_Pipe(_OUT_CAP, uid), _Pipe(MAX_BYTES, uid), _Pipe(_REPORT_CAP, uid)]
+    grade_out, junit_pipe, report_pipe = pipes
+    env = {
+        "HANGAR_HIDDEN_TESTS": str(hidden_dir),
+        "HANGAR_REPO": str(repo),
+        "HANGAR_GRADE_OUT": grade_out.path,
+        "HANGAR_GRADE_JUNIT": junit_pipe.path,
+        "HANGAR_GRADE_REPORT": report_pipe.path,
+        "HANGAR_TRIAL": label,
+        "HANGAR_TASK": task_id,
+        "HANGAR_VARIANT": "",
+        "HANGAR_EXPERIMENT": experiment.experiment_id,
+        # The repo's import roots (relative to it): hangar-grade puts them first on sys.path.
+        "HANGAR_PYTHONPATH": ":".join(grader.pythonpath),
+        **env_extra,
+        **grant.env,
+        # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+    }
+    result = get_sandbox(experiment.spec.environment.sandbox).run(
+        SandboxRequest(
+            argv=grant.wrap(["/bin/sh", "-c", grader.command]),
+            workdir=repo,
+            env=env,
+            timeout_s=grader.timeout_s,
+            memory_mb=experiment.spec.environment.resources.memory_mb,
+            mounts=[*mounts, *grant.mounts],
+            network=False,
+            run_as=run_as,
+            pass_fds=tuple(p.write_end for p in pipes),
+        )
+    )
+    # Every process of the sandbox is gone: what the pipes hold now is all there is.
+    extra, junit_bytes, report_bytes = (p.finish() for p in pipes)
+    pipes.clear()
+    junit = parse_junit_bytes(junit_bytes, "$HANGAR_GRADE_JUNIT", junit_pipe.total)
+    if not junit_bytes:
+        junit = JunitResult(False, "no JUnit report was written to $HANGAR_GRADE_JUNIT")
+    passed, reason = decide(result.exit_code, result.timed_out, junit)
+    runner = grader_runner(grader.command)
+    stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
+    problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
+    signals = [*static, *signals]
+    if len(report_bytes) > _REPORT_CAP:
+        problems.append("the trusted reporter's stream is over its size cap")
+    if hidden_digest is not None and tree_digest(hidden) != hidden_digest:
+        problems.append("the hidden tests' digest changed during the run")
+        signals.append("run: hidden tests' digest changed")
+    if problems:
+        passed = False
+        reason = "; ".join([*([reason] if reason else []), *problems])
+    uid_split = stream is not None and split_confirmed(stream, run_as)
+    parts = [result.stdout]
+    if result.stderr:
+        parts.append(f"--- stderr ---\n{result.stderr}")
+    if extra:
+        text = extra[:_OUT_CAP].decode("utf-8", errors="replace")
+        parts.append(f"--- $HANGAR_GRADE_OUT ---\n{text}")
+    if grant.policy != "none":
+        log = work / EGRESS_NAME  # written at the first request: none made, no file
+        lines = egress_lines(log.read_text(errors="replace")) if log.exists() else []
+        refused = [f"{e.get('method')} {e.get('host')}:{e.get('port')}" for e in lines
+                   if e.get("verdict") == "refused"]  # fmt: skip
+        parts.append(
+            f"--- egress ({grant.policy}) ---\n{len(lines) - len(refused)} allowed, "
+            f"{len(refused)} refused" + "".join(f"\nrefused: {r}" for r in refused[:20])
+        )
+    parts.append(
+        f"--- hangar ---\nexit: {result.exit_code} timed_out: {result.timed_out} "
+        f"tests: {json.dumps(junit.counts)} passed: {passed} reason: {reason} "
+        f"canary_files: {canary_files} uid_split: {uid_split} "
+        f"signals: {json.dumps(signals)}\n"
+    )
+    return GraderRun(
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        counts=junit.counts,
+        junit_ok=junit.ok,
+        reason=mask(reason, canary),
+        output=mask("\n".join(parts), canary),
+        duration_s=time.monotonic() - started,
+        passed=passed,
+        base_paths=base_paths,
+        uid_split=uid_split,
+        run_signals=tuple(mask(signals, canary)),
+        canary_files=canary_files,
+        collected=tuple(stream.collected or ()) if stream is not None else (),
+        tests=per_test_results(junit, stream, canary),
+    )
 
 
 def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
@@ -552,6 +594,7 @@ def grade_trial(
     base_check: BaseCheckRecord | None,
     run_id: str,
     paths: HangarPaths,
+    settings: Settings | None = None,
 ) -> GradeRecord:
     """Grade one trial attempt, and save the grader's output as ``grade.log`` in its artifacts.
 
@@ -576,6 +619,7 @@ def grade_trial(
             work_root=paths.work / "grading",
             env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
             expected_tests=base_check.expected_tests if base_check is not None else (),
+            settings=settings,
         )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     grade = GradeRecord(
@@ -654,7 +698,11 @@ def _failing(counts: dict[str, int]) -> str:
 
 
 def check_base(
-    experiment: ResolvedExperiment, task_id: str, run_id: str, paths: HangarPaths
+    experiment: ResolvedExperiment,
+    task_id: str,
+    run_id: str,
+    paths: HangarPaths,
+    settings: Settings | None = None,
 ) -> BaseCheckRecord:
     """Base must fail: the hidden tests on the unpatched base, and on the reference patch if given.
 
@@ -665,8 +713,9 @@ def check_base(
     work_root = paths.work / "grading"
     env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
     base = run_grader(
-        experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env
-    )
+        experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env,
+        settings=settings,
+    )  # fmt: skip
     reasons: list[str] = []
     if base.passed:
         reasons.append("hidden tests pass on base")
@@ -676,7 +725,7 @@ def check_base(
     if task.reference_patch is not None:
         ref = run_grader(
             experiment, task_id, task.reference_patch,
-            label=f"reference-{task_id}", work_root=work_root, env_extra=env,
+            label=f"reference-{task_id}", work_root=work_root, env_extra=env, settings=settings,
         )  # fmt: skip
         if not ref.passed:
             reasons.append(

@@ -111,7 +111,9 @@ def parse_junit_bytes(data: bytes, source: str = "<junit>", size: int | None = N
         )
     try:
         xml = JUnitXml.fromstring(data)
-    except (ParseError, JUnitXmlError) as err:
+    # junitparser parses with lxml when it is installed (the package mirror, proxpi, needs it):
+    # lxml's XMLSyntaxError is a SyntaxError as ElementTree's ParseError is, not a ParseError.
+    except (ParseError, SyntaxError, JUnitXmlError) as err:
         return JunitResult(False, f"{source}: not a JUnit XML report ({err})")
     counts = zero_counts()
     cases: list[tuple[str, Outcome]] = []

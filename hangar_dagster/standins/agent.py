@@ -49,15 +49,19 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
         "HOME": "/tmp",
         "PATH": sandbox_path(),
         **NO_BYTECODE_ENV,
+        **ctx.egress.env,
     }
     return SandboxRequest(
-        argv=[sys.executable, "-I", "-m", MODULE],
+        argv=ctx.egress.wrap([sys.executable, "-I", "-m", MODULE]),
         workdir=ctx.workdir,
         env=env,
         timeout_s=ctx.timeout_s,
         memory_mb=ctx.memory_mb,
-        mounts=[Mount(ctx.harness.path, HARNESS_MOUNT), Mount(out, OUT_MOUNT, writable=True)],
-        network=ctx.network,
+        mounts=[
+            Mount(ctx.harness.path, HARNESS_MOUNT),
+            Mount(out, OUT_MOUNT, writable=True),
+            *ctx.egress.mounts,
+        ],
         cancel=ctx.cancel,
     )
 

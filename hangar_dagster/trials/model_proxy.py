@@ -13,10 +13,12 @@ pieces bridge it to the provider:
   ``<out_dir>/egress.jsonl`` (method, path, status, byte counts, duration and
   the request body text, cut to its head and tail: the canary is searched there,
   and ``first_request_tools`` reads from it the tools the agent first offered);
-- in the sandbox, the forwarder (``python -m hangar_dagster.trials.model_proxy forward``):
-  listens on ``127.0.0.1:<port>`` inside the sandbox's own loopback, relays
-  every connection byte for byte to the unix socket (its directory is mounted
-  in), and runs the agent CLI as its child, exiting with its status.
+- in the sandbox, the forwarder (``trials/forwarder.py``, also
+  ``python -m hangar_dagster.trials.model_proxy forward``): listens on
+  ``127.0.0.1:<port>`` inside the sandbox's own loopback, relays every
+  connection byte for byte to the unix socket (its directory is mounted in),
+  and runs the agent CLI as its child, exiting with its status. The egress
+  proxy (environment/egress.py) is reached through the same forwarder.
 
 So the CLI is pointed at ``http://127.0.0.1:<port>`` with a placeholder key
 (``hangar-proxy``); the real key stays in the orchestrator's process.
@@ -24,21 +26,19 @@ So the CLI is pointed at ``http://127.0.0.1:<port>`` with a placeholder key
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
+import os
 import shutil
-import signal
 import socket
 import socketserver
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -52,6 +52,7 @@ from hangar_dagster.settings import (
     OPENAI_KEY_VAR,
     Settings,
 )
+from hangar_dagster.trials import forwarder
 from hangar_dagster.trials.sandbox import Mount
 from hangar_dagster.util.background import ServerThread
 
@@ -117,17 +118,30 @@ def clip_body(text: str, cap: int = BODY_CAP) -> tuple[str, bool]:
     return f"{text[:head]}\n[... {cut} characters cut by hangar ...]\n{text[-tail:]}", True
 
 
+_EGRESS_LOCK = threading.Lock()  # every EgressLog of the process: two proxies share one file
+
+
 @dataclass
 class EgressLog:
-    """Appends one JSON object per proxied request to ``path`` (thread-safe)."""
+    """Appends one JSON object per proxied request to ``path`` (thread-safe).
+
+    The model proxy and the egress proxy of one trial write the same file: each line goes out
+    in one ``write`` on an O_APPEND descriptor, under one lock for the process, so lines of
+    the two never interleave, however long (a model request's body is up to 64 kB).
+    """
 
     path: Path
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry, sort_keys=True) + "\n"
-        with self._lock, self.path.open("a") as f:
-            f.write(line)
+        data = (json.dumps(entry, sort_keys=True) + "\n").encode()
+        with _EGRESS_LOCK:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
 
 
 def provider_failure(egress_text: str) -> tuple[str, str] | None:
@@ -143,7 +157,12 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("status"), int):
+        # The model proxy's lines only: the egress proxy's (the mirror's answers) share the file.
+        if (
+            isinstance(entry, dict)
+            and entry.get("source") != "egress-proxy"
+            and isinstance(entry.get("status"), int)
+        ):
             last = entry
     if last is None:
         return None
@@ -366,19 +385,7 @@ class ModelAccess:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` started under the in-sandbox forwarder (which listens on ``port`` first)."""
-        return [
-            sys.executable,
-            "-I",
-            "-m",
-            "hangar_dagster.trials.model_proxy",
-            "forward",
-            "--port",
-            str(self.port),
-            "--socket",
-            self.socket,
-            "--",
-            *argv,
-        ]
+        return [*forward_argv([(self.port, self.socket)]), *argv]
 
 
 def _free_port() -> int:
@@ -423,93 +430,19 @@ def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-# ---- in the sandbox: the loopback forwarder -------------------------------------------
+# ---- in the sandbox: the loopback forwarder (trials/forwarder.py) ----------------------
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
-def _relay(client: socket.socket, socket_path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        upstream.connect(socket_path)
-    except OSError:
-        client.close()
-        upstream.close()
-        return
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-    back.start()
-    _pump(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
-
-
-def _serve(listener: socket.socket, socket_path: str) -> None:
-    while True:
-        try:
-            client, _ = listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=_relay, args=(client, socket_path), daemon=True).start()
-
-
-def forward(port: int, socket_path: str, argv: list[str]) -> int:
-    """Listen on 127.0.0.1:``port``, relay to ``socket_path``, run ``argv``; its exit status."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind(("127.0.0.1", port))
-    except OSError as err:
-        print(f"hangar model forwarder: cannot listen on 127.0.0.1:{port}: {err}", file=sys.stderr)
-        return 125
-    listener.listen(64)
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        listener.accept()[0].close()  # that probe, so it is not relayed to the proxy
-    except OSError as err:
-        # A new network namespace starts with loopback down until the sandbox brings it up.
-        print(
-            f"hangar model forwarder: loopback is not usable in this sandbox ({err}); "
-            "the sandbox backend must bring up 'lo'",
-            file=sys.stderr,
-        )
-        return 125
-    threading.Thread(target=_serve, args=(listener, socket_path), daemon=True).start()
-    try:
-        child = subprocess.Popen(argv)
-    except OSError as err:
-        print(f"hangar model forwarder: cannot start {argv[0]}: {err}", file=sys.stderr)
-        return 127
-    # Pass a polite stop on to the agent; a kill of the sandbox takes both anyway.
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    code = child.wait()
-    listener.close()
-    return code if code >= 0 else 128 - code
+def forward_argv(pairs: list[tuple[int, str]]) -> list[str]:
+    """The argv prefix that starts the forwarder for ``pairs``; the command follows it."""
+    args = [sys.executable, "-I", forwarder.__file__]
+    for port, socket_path in pairs:
+        args += ["--pair", f"{port}={socket_path}"]
+    return [*args, "--"]
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hangar_dagster.trials.model_proxy")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fwd = sub.add_parser("forward", help="relay loopback to the model proxy, run a command")
-    fwd.add_argument("--port", type=int, required=True)
-    fwd.add_argument("--socket", required=True)
-    fwd.add_argument("argv", nargs=argparse.REMAINDER)
-    parsed = parser.parse_args(args)
-    argv = parsed.argv[1:] if parsed.argv[:1] == ["--"] else parsed.argv
-    if not argv:
-        parser.error("forward: give the command to run after --")
-    return forward(parsed.port, parsed.socket, argv)
+    return forwarder.main(args)
 
 
 if __name__ == "__main__":

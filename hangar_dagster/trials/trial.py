@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hangar_dagster.environment.egress import EgressError, EgressGrant, open_egress
+from hangar_dagster.environment.mirror import MirrorError
 from hangar_dagster.experiment.drift import (
     Drift,
     check_drift,
@@ -68,7 +70,7 @@ from hangar_dagster.trials.agents import (
     UnknownAgent,
     get_agent,
 )
-from hangar_dagster.trials.model_proxy import provider_failure
+from hangar_dagster.trials.model_proxy import EGRESS_NAME, provider_failure
 from hangar_dagster.trials.redact import redact, secret_values
 from hangar_dagster.trials.sandbox import (
     Sandbox,
@@ -198,12 +200,6 @@ def _prepare(
     exp, variant = req.experiment, req.experiment.variants[req.key.variant]
     task = exp.tasks[req.key.task]
     environment = variant.environment
-    if environment.egress.mode != "none":
-        raise InfraError(
-            "egress_unsupported",
-            f"variant {variant.name}: environment.egress.mode {environment.egress.mode!r} needs a "
-            "sandbox with an egress proxy; the local sandboxes support only 'none'",
-        )
     try:
         sandbox = get_sandbox(environment.sandbox)
         state.sandbox_info = sandbox.describe()
@@ -253,11 +249,31 @@ def _prepare(
 
 
 def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -> None:
-    exp, variant = req.experiment, req.experiment.variants[req.key.variant]
-    task = exp.tasks[req.key.task]
+    variant = req.experiment.variants[req.key.variant]
     _drained(req)
     sandbox, harness, git_dir, base = _prepare(req, work, state)
     _drained(req)
+    egress_log = work / "agent" / EGRESS_NAME
+    try:
+        # The agent's way out under the environment's policy; its proxy runs while the agent does.
+        with open_egress(variant.environment.egress.mode, egress_log, settings) as grant:
+            _run_agent(req, work, state, settings, sandbox, harness, grant)
+    except (MirrorError, EgressError) as err:
+        raise InfraError("egress_unsupported", str(err)) from err
+    _finish(req, work, state, sandbox, harness, git_dir, base, grant)
+
+
+def _run_agent(
+    req: TrialRequest,
+    work: Path,
+    state: _Trial,
+    settings: Settings,
+    sandbox: Sandbox,
+    harness: HarnessLock,
+    grant: EgressGrant,
+) -> None:
+    exp, variant = req.experiment, req.experiment.variants[req.key.variant]
+    task = exp.tasks[req.key.task]
     assert state.agent is not None
     res = variant.environment.resources
     ctx = AgentContext(
@@ -272,7 +288,7 @@ def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -
         timeout_s=res.timeout_s,
         memory_mb=res.memory_mb,
         sandbox=sandbox,
-        network=variant.environment.egress.mode != "none",
+        egress=grant,
         out_dir=work / "agent",
         settings=settings,
         max_cost_usd=exp.spec.trial_job_budget.max_cost_usd if exp.spec.trial_job_budget else None,
@@ -285,8 +301,24 @@ def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -
         raise InfraError("sandbox_create", str(err)) from err
     except HarnessError as err:
         raise InfraError("harness", str(err)) from err
+
+
+def _finish(
+    req: TrialRequest,
+    work: Path,
+    state: _Trial,
+    sandbox: Sandbox,
+    harness: HarnessLock,
+    git_dir: Path,
+    base: str,
+    grant: EgressGrant,
+) -> None:
+    exp, variant = req.experiment, req.experiment.variants[req.key.variant]
+    task = exp.tasks[req.key.task]
+    assert state.run is not None
+    res = variant.environment.resources
     # Read before the drain check: a drained attempt's requests are searched for the canary too.
-    state.egress = read_sandbox_file(work / "agent" / "egress.jsonl", EGRESS_LIMIT)
+    state.egress = read_sandbox_file(work / "agent" / EGRESS_NAME, EGRESS_LIMIT)
     _drained(req, state.run)  # an agent the drain stopped says nothing about the agent
     for found in sorted((work / "agent").rglob("RESULT.md")):
         state.result_md = read_sandbox_file(found, RESULT_LIMIT)
@@ -308,9 +340,9 @@ def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -
         environment_pins(variant.environment),
         environment_observed(
             state.sandbox_info,
-            network=ctx.network,
-            timeout_s=ctx.timeout_s,
-            memory_mb=ctx.memory_mb,
+            egress=grant.policy,
+            timeout_s=res.timeout_s,
+            memory_mb=res.memory_mb,
             build=state.build_ran,
         ),
     )

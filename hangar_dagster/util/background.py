@@ -17,9 +17,12 @@ R = TypeVar("R")
 class ServerThread(Generic[S]):
     """Serves ``server`` from a daemon thread until ``stop``."""
 
-    def __init__(self, server: S, name: str) -> None:
+    def __init__(self, server: S, name: str, poll_interval: float = 0.5) -> None:
         self.server = server
-        self._thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+        # ``stop`` waits up to one poll interval for the loop to notice.
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(poll_interval,), name=name, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -97,7 +97,7 @@ def test_check_names_each_moved_field_per_half() -> None:
     env = environment_pins(Environment())
     observed = environment_observed(
         {"backend": "bwrap", "isolation": "none"},
-        network=False,
+        egress="allowlist",  # the default policy, as pinned
         timeout_s=600,
         memory_mb=4096,
         build=[],

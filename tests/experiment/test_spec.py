@@ -37,7 +37,7 @@ def test_a_good_spec_parses_with_defaults() -> None:
     spec = parse_spec(good())
     assert spec.trials == 2
     assert spec.grader.command.startswith("hangar-grade pytest")
-    assert spec.environment.egress.mode == "none"
+    assert spec.environment.egress.mode == "allowlist"  # the seed's default
 
 
 def test_every_structural_problem_is_listed_at_once() -> None:

@@ -69,10 +69,6 @@ def test_a_second_submit_gets_a_fresh_canary_but_the_same_pins(
         ),
         ({"tasks.1.hidden_tests": "no/such/dir"}, "tasks[1].hidden_tests"),
         ({"tasks.0.reference_patch": "missing.diff"}, "tasks[0].reference_patch"),
-        (
-            {"environment": {"egress": {"mode": "allowlist"}}},
-            "variants.plain.environment.egress.mode",
-        ),
     ],
 )
 def test_resolution_problems_are_refused_with_the_field(
@@ -83,6 +79,24 @@ def test_resolution_problems_are_refused_with_the_field(
         submit(spec, Settings.from_env())
     assert path in [p.path for p in info.value.problems]
     assert not hangar_home.exists(), "a refused spec must write nothing"
+
+
+def test_every_egress_mode_is_accepted_and_pinned(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    """Regression: a mode other than none was refused at submit (there was no egress proxy)."""
+    pin_sets: dict[str | None, set[str]] = {}
+    for mode in ("none", "allowlist", "mirror", None):
+        # None deletes the example's own `mode: none`: the spec then sets no egress.mode.
+        spec = edited_spec(
+            example_dir, tmp_path / (mode or "unset"), {"environment.egress.mode": mode}
+        )
+        exp = submit(spec, Settings.from_env())
+        modes = {v.environment.egress.mode for v in exp.variants.values()}
+        assert modes == {mode or "allowlist"}  # unset: the seed's default
+        pin_sets[mode] = {v.pin_set for v in exp.variants.values()}
+    assert pin_sets[None] == pin_sets["allowlist"]  # the default is pinned as allowlist
+    assert len({frozenset(p) for p in pin_sets.values()}) == 3  # each policy: its own pin sets
 
 
 def test_a_lock_edited_after_freezing_is_refused(

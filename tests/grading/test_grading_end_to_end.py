@@ -270,12 +270,16 @@ def test_infra_error_trial_is_not_run_but_contamination_is_still_searched(
     assert not (Path(trial.artifacts_dir) / "grade.log").exists()
 
 
-def test_mirror_network_is_refused_with_a_reason(
+def test_mirror_network_runs_behind_the_egress_proxy(
     task_repo: tuple[Path, str], hpaths: HangarPaths
 ) -> None:
+    """Regression: network mirror failed every grade ("not supported by the local sandbox")."""
     exp = exp_for(task_repo, grader={"network": "mirror"})
     run = run_grader(exp, "t1", "", label="m", work_root=hpaths.work / "grading", env_extra={})
-    assert run.passed is False and run.reason is not None and "mirror" in run.reason
+    # The base fails its hidden tests as it does under none; the run itself was given.
+    assert run.passed is False and run.counts["total"] > 0, run.output
+    assert "--- egress (mirror) ---\n0 allowed, 0 refused" in run.output
+    assert not (hpaths.home / "mirror").exists()  # nothing asked for the mirror: none started
     with pytest.raises(ValueError, match="env_extra: PATH not allowed"):
         run_grader(exp, "t1", "", label="m", work_root=hpaths.work, env_extra={"PATH": "/evil"})
 

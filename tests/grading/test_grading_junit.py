@@ -64,6 +64,16 @@ def test_malformed_xml_is_an_error_not_a_pass() -> None:
     assert result.counts["passed"] == 0
 
 
+def test_an_empty_report_is_an_error_whichever_xml_parser_junitparser_uses() -> None:
+    """Regression: with lxml installed (the mirror's proxpi needs it) junitparser parses with
+    lxml, whose XMLSyntaxError is no ElementTree ParseError: an empty report crashed the grade."""
+    for data in (b"", b"<testsuites><testsuite>"):
+        result = parse_junit_bytes(data)
+        assert (
+            not result.ok and result.error is not None and "not a JUnit XML report" in result.error
+        )
+
+
 def test_wrong_root_element_is_an_error() -> None:
     result = parse_junit_bytes(b"<html><testcase name='t'/></html>")
     assert not result.ok and result.error is not None

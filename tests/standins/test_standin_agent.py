@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.drift import check_drift, harness_fingerprint
 from hangar_dagster.experiment.harness import HarnessLock, freeze, tree_digest
 from hangar_dagster.settings import Settings
@@ -264,7 +265,7 @@ def context(tmp_path: Path, lock: HarnessLock, clone: Path, seed: str) -> AgentC
         timeout_s=60,
         memory_mb=2048,
         sandbox=sandbox,
-        network=False,
+        egress=NO_EGRESS,
         out_dir=tmp_path / "agent-out",
         settings=Settings.from_env(),
     )

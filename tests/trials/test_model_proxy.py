@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.harness import freeze
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
@@ -72,7 +73,7 @@ def context(tmp_path: Path, backend: str = "bwrap") -> AgentContext:
         timeout_s=60,
         memory_mb=1024,
         sandbox=get_sandbox(backend),
-        network=False,
+        egress=NO_EGRESS,
         out_dir=tmp_path / "agent-out",
         settings=Settings.from_env(),
     )

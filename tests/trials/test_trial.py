@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from hangar_dagster.environment.egress import egress_lines
+from hangar_dagster.environment.mirror import Mirror
 from hangar_dagster.experiment.harness import freeze
 from hangar_dagster.experiment.plan import (
     ResolvedExperiment,
@@ -297,7 +300,9 @@ def test_infra_errors_are_records(
 ) -> None:
     environment: dict[str, Any] | None = None
     if setup == "egress":
+        # An egress policy hangar cannot give: the mirror it names is no package index.
         environment = {"egress": {"mode": "allowlist"}}
+        monkeypatch.setenv("HANGAR_PACKAGE_MIRROR_URL", "ftp://mirror.invalid/simple/")
     if setup == "failing_build":
         environment = {"build": ["exit 9"]}
     exp = experiment(
@@ -337,3 +342,39 @@ def test_attempts_get_their_own_artifacts(
         and Path(second.artifacts_dir, "patch.diff").is_file()
     )
     assert second.retry_of == "run-1" and second.manifest["retry_of"] == "run-1"
+
+
+@pytest.mark.slow
+@pytest.mark.needs_sandbox("bwrap")
+@pytest.mark.parametrize("mode", ["none", "allowlist", None])
+def test_the_agent_installs_from_the_mirror_as_its_egress_policy_says(
+    mode: str | None,
+    tmp_path: Path,
+    upstream: Upstream,
+    paths: HangarPaths,
+    monkeypatch: pytest.MonkeyPatch,
+    package_mirror: tuple[Settings, Mirror],
+) -> None:
+    """Regression: any egress but none was an infra_error (no proxy); unset now means allowlist."""
+    monkeypatch.setenv("HANGAR_PACKAGE_MIRROR_URL", package_mirror[1].index_url)
+    pip = (
+        f"{sys.executable} -m pip install -q --no-deps --retries 0 --timeout 10 "
+        "--target /tmp/site six==1.16.0"
+    )
+    command = f"{pip} && echo SIX-INSTALLED; {FIX}"
+    environment = {"egress": {"mode": mode}} if mode else None
+    record, _ = trial(experiment(tmp_path, upstream, command, environment=environment), paths)
+    assert record.outcome_class == "completed", record.error
+    assert record.drift is None  # the policy it ran under is the one pinned
+    art = Path(record.artifacts_dir)
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["environment"]["egress"]["mode"] == (mode or "allowlist")
+    agent_log = (art / "agent.log").read_text()
+    if mode == "none":
+        assert "SIX-INSTALLED" not in agent_log
+        assert not (art / "egress.jsonl").exists()  # no proxy ran, so nothing to log
+        return
+    assert "SIX-INSTALLED" in agent_log, agent_log
+    lines = egress_lines((art / "egress.jsonl").read_text())
+    assert lines and all(e["verdict"] == "allowed" and e["policy"] == "allowlist" for e in lines)
+    assert any(e["url"].endswith("six-1.16.0-py2.py3-none-any.whl") for e in lines)

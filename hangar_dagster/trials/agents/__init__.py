@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hangar_dagster.environment.egress import EgressGrant
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox import Sandbox
@@ -37,7 +38,9 @@ class AgentContext:
     timeout_s: float
     memory_mb: int
     sandbox: Sandbox
-    network: bool
+    # The sandbox's way out under the environment's egress policy (environment/egress.py):
+    # its mounts, env and argv prefix go into every request the adapter makes.
+    egress: EgressGrant
     out_dir: Path  # host-side scratch for the adapter (not visible to the agent)
     settings: Settings  # the operator's: where agent CLIs are, the provider endpoints and keys
     env: dict[str, str] = field(default_factory=dict)  # extra variables (API endpoints)

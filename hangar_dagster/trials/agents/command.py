@@ -90,9 +90,10 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
         "HANGAR_TASK": ctx.task_id,
         "HANGAR_SEED": ctx.seed,
         "HANGAR_VERIFY": ctx.verify or "",
+        **ctx.egress.env,
     }
     return SandboxRequest(
-        argv=["/bin/sh", "-c", command],
+        argv=ctx.egress.wrap(["/bin/sh", "-c", command]),
         workdir=ctx.workdir,
         env=env,
         timeout_s=ctx.timeout_s,
@@ -101,8 +102,8 @@ def request_for(ctx: AgentContext) -> SandboxRequest:
             Mount(ctx.harness.path, HARNESS_MOUNT),
             Mount(in_dir, IN_MOUNT),
             Mount(out_dir, OUT_MOUNT, writable=True),
+            *ctx.egress.mounts,
         ],
-        network=ctx.network,
         cancel=ctx.cancel,
     )
 

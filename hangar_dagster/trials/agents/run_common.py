@@ -31,19 +31,21 @@ def cli_request(
     stdin: bytes | None = None,
     on_stdout: Callable[[bytes], None] | None = None,
 ) -> SandboxRequest:
-    """``argv`` under the model forwarder in the trial's clone, with the trial's limits.
+    """``argv`` under the model forwarder (and the egress grant's) in the trial's clone, with
+    the trial's limits.
 
     Mounted in this order: the CLI's ``install``, the model proxy's socket,
-    then the adapter's ``scratch`` directories.
+    the egress proxy's, then the adapter's ``scratch`` directories. The grant's
+    variables are set last: the adapter's cannot point the CLI past the proxy.
     """
+    grant = ctx.egress
     return SandboxRequest(
-        argv=access.wrap(argv),
+        argv=grant.wrap(access.wrap(argv)),
         workdir=ctx.workdir,
-        env=env,
+        env={**env, **grant.env},
         timeout_s=ctx.timeout_s,
         memory_mb=ctx.memory_mb,
-        mounts=[*install, *access.mounts, *scratch],
-        network=ctx.network,
+        mounts=[*install, *access.mounts, *grant.mounts, *scratch],
         stdin=stdin,
         cancel=ctx.cancel,
         on_stdout=on_stdout,

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.harness import HarnessLock, freeze
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import AgentContext
@@ -59,7 +60,7 @@ def cli_context(
         "timeout_s": 120,
         "memory_mb": memory_mb,
         "sandbox": get_sandbox("bwrap"),
-        "network": False,
+        "egress": NO_EGRESS,
         "out_dir": tmp_path / "agent-out",
         "settings": Settings.from_env(),  # read now: the test's HANGAR_AGENT_BIN_DIR and URLs
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, freeze, tree_digest
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import AgentContext, get_agent
@@ -70,7 +71,7 @@ def context(
         timeout_s=timeout_s,
         memory_mb=1024,
         sandbox=get_sandbox("bwrap"),
-        network=False,
+        egress=NO_EGRESS,
         out_dir=tmp_path / "agent-out",
         settings=Settings.from_env(),
         env=dict(env),

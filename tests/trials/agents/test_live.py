@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.retries import plan_retries
@@ -49,7 +50,7 @@ def _ctx(
         timeout_s=60,
         memory_mb=1024,
         sandbox=get_sandbox("bwrap"),
-        network=False,
+        egress=NO_EGRESS,
         out_dir=tmp_path / "out",
         settings=Settings.from_env(),
         max_cost_usd=cap,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from hangar_dagster.environment.egress import EgressGrant
 from hangar_dagster.standins import agent as standin
 from hangar_dagster.trials.agents import (
     NO_BYTECODE_ENV,
@@ -114,10 +116,28 @@ def test_cli_request_runs_under_the_forwarder_with_the_trial_limits(tmp_path: Pa
     request = run_common.cli_request(
         ctx, access, ["cli", "-p"], {"A": "1"}, [install], [scratch], stdin=b"x"
     )
-    assert request.argv[-3:] == ["--", "cli", "-p"] and "forward" in request.argv
+    assert request.argv[-3:] == ["--", "cli", "-p"] and ["--pair", "9=/s"] == request.argv[3:5]
     assert [m.target for m in request.mounts] == ["/opt/cli", "/sock", "/home"]
     assert (request.workdir, request.env, request.stdin) == (ctx.workdir, {"A": "1"}, b"x")
     assert (request.timeout_s, request.cancel) == (90, ctx.cancel)
+
+
+def test_cli_request_adds_the_egress_grant_around_the_model_forwarder(tmp_path: Path) -> None:
+    grant = EgressGrant(
+        policy="allowlist",
+        mounts=(Mount(tmp_path, "/hangar-egress"),),
+        env={"http_proxy": "http://127.0.0.1:7", "A": "from-the-grant"},
+        prefix=("egress-forwarder", "--"),
+    )
+    ctx = dataclasses.replace(context(tmp_path), egress=grant)
+    access = ModelAccess("openai", "http://127.0.0.1:9", [Mount(tmp_path, "/sock")], {}, 9, "/s")
+    request = run_common.cli_request(ctx, access, ["cli"], {"A": "1"}, [], [])
+    # The grant's forwarder runs the model forwarder, which runs the CLI.
+    assert request.argv[:2] == ["egress-forwarder", "--"] and request.argv[-2:] == ["--", "cli"]
+    assert [m.target for m in request.mounts] == ["/sock", "/hangar-egress"]
+    # The grant's variables win: an adapter cannot point the CLI past the proxy.
+    assert request.env == {"A": "from-the-grant", "http_proxy": "http://127.0.0.1:7"}
+    assert request.network is False
 
 
 def test_reported_by_cli_names_what_the_cli_said() -> None:
