@@ -78,7 +78,25 @@ SANDBOX_NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
     "bwrap": (lambda: shutil.which("bwrap") is not None, "bwrap (Debian package bubblewrap)"),
     "unshare": (lambda: shutil.which("unshare") is not None, "unshare (package util-linux)"),
     "root": (lambda: os.geteuid() == 0, "root (the uid split between agent and grader)"),
+    "docker": (
+        lambda: _docker_engine() is None,
+        "a running Docker engine (scripts/bootstrap installs docker.io and starts dockerd;"
+        " CI=true always does)",
+    ),
 }
+
+
+def _docker_engine() -> str | None:
+    """None when the Docker engine answers, else why not."""
+    try:
+        from hangar_dagster.trials.sandbox.docker import client
+
+        client()
+    except Exception as err:  # noqa: BLE001  any failure means: no engine to test against
+        return str(err)
+    return None
+
+
 ALLOW_MISSING_SANDBOX = "HANGAR_ALLOW_MISSING_SANDBOX"
 
 
@@ -181,3 +199,12 @@ def write_spec(example_dir: Path, spec: dict[str, Any]) -> Path:
     path = example_dir / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+@pytest.fixture(scope="session")
+def docker_base_image() -> str:
+    """The id of hangar's base image: a cache hit when scripts/bootstrap built it already."""
+    from hangar_dagster.environment.image import build_base_image
+    from hangar_dagster.trials.sandbox.docker import client
+
+    return build_base_image(client()).image_id
