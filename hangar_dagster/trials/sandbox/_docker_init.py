@@ -94,6 +94,10 @@ def child(setup: dict, fds: dict[int, int], libc: ctypes.CDLL) -> None:  # type:
                 except OSError:
                     pass
         os.setsid()
+        # Python ignores these at start, and an exec keeps ignored signals: give them back.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.alarm(0)
         as_bytes = setup["memory_bytes"]
         resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
         if setup["nproc"] is not None:

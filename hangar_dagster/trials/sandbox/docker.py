@@ -312,7 +312,10 @@ class DockerSandbox(Sandbox):
         fds = []
         for n in request.pass_fds:
             st = os.fstat(n)
-            fds.append([n, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)])
+            # Under a uid split the pipe is owned as the caller made it; else it is the
+            # command's, as the caller's own descriptor is its own under the other backends.
+            owner = (st.st_uid, st.st_gid) if request.run_as is not None else (uid, gid)
+            fds.append([n, *owner, stat.S_IMODE(st.st_mode)])
         for name in ("out", "err", *(f"fd-{n}" for n in request.pass_fds)):
             (control / name).touch(mode=0o600)
         run_as = request.run_as
