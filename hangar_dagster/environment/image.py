@@ -174,3 +174,61 @@ def build_base_image(
         )
     image = client.images.get(BASE_IMAGE)
     return BuiltImage(str(image.id), BASE_IMAGE, digest, cached=False)
+
+
+class ImageRefError(ValueError):
+    """``environment.image`` cannot be pinned: ``fix`` says what to write instead."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_REPO_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def pin_image(ref: str | None, client: Any | None = None) -> str:
+    """What ``environment.image`` is pinned to at submit: a digest, never a tag.
+
+    ``repo@sha256:...`` is kept as given (a registry digest; the engine may pull it
+    elsewhere). A local image id ``sha256:...`` is looked up: pinned as its repo digest
+    when it has one, else as the id, itself a digest of the image's content. A tag is
+    refused, with the digest it resolves to now.
+    """
+    import docker.errors
+
+    from hangar_dagster.trials.sandbox.docker import client as engine
+
+    if ref is None:
+        raise ImageRefError(
+            "environment.sandbox docker needs environment.image (a digest)",
+            "run `hangar image build` and set image: to the sha256:... it prints",
+        )
+    if _REPO_DIGEST.match(ref):
+        return ref
+    c = client if client is not None else engine()
+    try:
+        image = c.images.get(ref)
+    except docker.errors.ImageNotFound:
+        if _ID.match(ref):
+            raise ImageRefError(
+                f"image {ref} is not on this Docker engine",
+                "run `hangar image build` (the base image) or `docker pull` the image first",
+            ) from None
+        raise ImageRefError(
+            f"image {ref!r} is a tag, not a digest, and this Docker engine does not have it",
+            "pin the image by digest: repo@sha256:... or the sha256:... id `docker images "
+            "--no-trunc` shows",
+        ) from None
+    if not _ID.match(ref):
+        raise ImageRefError(
+            f"image {ref!r} is a tag, not a digest: a tag can move between trials",
+            f"pin what it resolves to now: image: {_pinned_form(image)}",
+        )
+    return _pinned_form(image)
+
+
+def _pinned_form(image: Any) -> str:
+    digests = image.attrs.get("RepoDigests") or []
+    return str(digests[0]) if digests else str(image.id)

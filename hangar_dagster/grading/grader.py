@@ -468,7 +468,9 @@ def run_grader(
             "HOME": "/tmp",
             "LANG": "C.UTF-8",
         }
-        result = get_sandbox(experiment.spec.environment.sandbox).run(
+        environment = experiment.spec.environment
+        labels = {"hangar.experiment": experiment.experiment_id, "hangar.grade": label}
+        result = get_sandbox(environment.sandbox, image=environment.image, labels=labels).run(
             SandboxRequest(
                 argv=["/bin/sh", "-c", grader.command],
                 workdir=repo,

@@ -205,7 +205,11 @@ def _prepare(
             "sandbox with an egress proxy; the local sandboxes support only 'none'",
         )
     try:
-        sandbox = get_sandbox(environment.sandbox)
+        sandbox = get_sandbox(
+            environment.sandbox,
+            image=environment.image,
+            labels={"hangar.experiment": exp.experiment_id, "hangar.trial": req.key.key},
+        )
         state.sandbox_info = sandbox.describe()
     except SandboxUnavailable as err:
         raise InfraError("sandbox_create", str(err)) from err
