@@ -285,3 +285,36 @@ def test_the_same_run_twice_costs_well_under_a_second(sandbox: DockerSandbox, wd
     started = time.monotonic()
     code, _ = sh(sandbox, wd, "true")
     assert code == 0 and time.monotonic() - started < 3
+
+
+def test_drift_compares_the_image_the_containers_ran_with_the_pinned_one(
+    docker_base_image: str, tmp_path: Path
+) -> None:
+    import io
+    import tarfile
+
+    from hangar_dagster.experiment.drift import check_drift, environment_observed, environment_pins
+    from hangar_dagster.experiment.spec import Environment
+
+    # A second, tiny image: what a trial would run if the image under the pin had changed.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("marker")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"other"))
+    client().api.import_image_from_data(buf.getvalue(), repository="hangar-test-other", tag="x")
+    other = str(client().images.get("hangar-test-other:x").id)
+    try:
+        pinned = environment_pins(Environment(sandbox="docker", image=docker_base_image))
+
+        def observed(image: str) -> dict[str, object]:
+            info = DockerSandbox(image=image).describe()
+            return environment_observed(
+                info, network=False, timeout_s=600, memory_mb=4096, build=[]
+            )
+
+        assert not check_drift({}, {}, pinned, observed(docker_base_image)).environment
+        moved = check_drift({}, {}, pinned, observed(other)).environment
+        assert moved == {"image": (docker_base_image, other)}
+    finally:
+        client().images.remove(other, force=True)
