@@ -318,3 +318,19 @@ def test_drift_compares_the_image_the_containers_ran_with_the_pinned_one(
         assert moved == {"image": (docker_base_image, other)}
     finally:
         client().images.remove(other, force=True)
+
+
+def test_an_unreachable_engine_is_unavailable_naming_the_fix(
+    wd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{wd}/no-such-docker.sock")
+    client.cache_clear()  # the engine is looked up once per process
+    try:
+        with pytest.raises(SandboxUnavailable, match="start dockerd"):
+            DockerSandbox().run(
+                SandboxRequest(argv=["/bin/true"], workdir=wd, env=ENV, timeout_s=5)
+            )
+    finally:
+        monkeypatch.undo()
+        client.cache_clear()
+    assert client().ping()  # the control: the real engine answers again
