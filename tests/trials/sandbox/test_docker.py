@@ -201,24 +201,57 @@ DockerSandbox().run(SandboxRequest(argv=["/bin/sh", "-c", "echo up; sleep 120"],
 
 
 def test_leftovers_of_a_crashed_run_are_removed(sandbox: DockerSandbox, wd: Path) -> None:
+    left = crashed_run(wd)  # the run crashed: nothing removed its container
+    assert cleanup_leftovers() >= 1
+    assert left not in [c["Id"] for c in client().api.containers(all=True)]
+
+
+def crashed_run(wd: Path) -> str:
+    """The id of the container a run left behind when it was killed mid-command."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CRASHING_RUN, str(wd)], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
     while (line := proc.stdout.readline()) and line.strip() != "running":
         pass
-    owner_pid = proc.pid
-    proc.kill()  # the run crashes: nothing removes its container
+    proc.kill()
     proc.wait()
-    label = {"label": f"{MANAGED_LABEL}=1"}
-    left = [
-        c
-        for c in client().api.containers(all=True, filters=label)
-        if c["Labels"][OWNER_LABEL].split(":")[1] == str(owner_pid)
+    (left,) = [
+        c["Id"]
+        for c in client().api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"})
+        if c["Labels"][OWNER_LABEL].split(":")[1] == str(proc.pid)
     ]
-    assert len(left) == 1
-    assert cleanup_leftovers() >= 1
-    assert all(c["Id"] != left[0]["Id"] for c in client().api.containers(all=True, filters=label))
+    return left
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+def test_the_trials_stage_removes_leftovers_only_for_a_docker_experiment(
+    sandbox: DockerSandbox, wd: Path, backend: str
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "grading"))
+    from grading_builders import experiment
+
+    from hangar_dagster.trials.stage import _remove_leftover_containers
+
+    left = crashed_run(wd)
+    task = {"repo": str(wd), "base_sha": "0" * 40, "hidden_files": {"t.py": ""}}
+    exp = experiment({"t": task}, environment={"sandbox": backend})
+    said: list[str] = []
+
+    class Log:
+        def info(self, msg: str) -> None:
+            said.append(msg)
+
+        def warning(self, msg: str) -> None:
+            said.append(msg)
+
+    try:
+        _remove_leftover_containers(exp, Log())  # type: ignore[arg-type]
+        ids = [c["Id"] for c in client().api.containers(all=True)]
+        # A bwrap experiment does not touch the engine; a docker one removes the leftover.
+        assert (left in ids) is (backend == "bwrap"), said
+    finally:
+        cleanup_leftovers()
 
 
 def test_passed_fd_carries_more_than_a_pipe_buffer_intact(sandbox: DockerSandbox, wd: Path) -> None:
