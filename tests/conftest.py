@@ -80,7 +80,25 @@ SANDBOX_NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
     "bwrap": (lambda: shutil.which("bwrap") is not None, "bwrap (Debian package bubblewrap)"),
     "unshare": (lambda: shutil.which("unshare") is not None, "unshare (package util-linux)"),
     "root": (lambda: os.geteuid() == 0, "root (the uid split between agent and grader)"),
+    "docker": (
+        lambda: _docker_engine() is None,
+        "a running Docker engine (scripts/bootstrap installs docker.io and starts dockerd;"
+        " CI=true always does)",
+    ),
 }
+
+
+def _docker_engine() -> str | None:
+    """None when the Docker engine answers, else why not."""
+    try:
+        from hangar_dagster.trials.sandbox.docker import client
+
+        client()
+    except Exception as err:  # noqa: BLE001  any failure means: no engine to test against
+        return str(err)
+    return None
+
+
 ALLOW_MISSING_SANDBOX = "HANGAR_ALLOW_MISSING_SANDBOX"
 
 
@@ -199,3 +217,12 @@ def package_mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S
         yield settings, mirror
     finally:
         stop_mirror(settings)
+
+
+@pytest.fixture(scope="session")
+def docker_base_image() -> str:
+    """The id of hangar's base image: a cache hit when scripts/bootstrap built it already."""
+    from hangar_dagster.environment.image import build_base_image
+    from hangar_dagster.trials.sandbox.docker import client
+
+    return build_base_image(client()).image_id

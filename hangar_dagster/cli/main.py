@@ -1,6 +1,6 @@
 """``hangar``: submit, run, read and export experiments; open the UI.
 
-One module per command group (experiment, eval, grade, ui, harness, models). Heavy imports
+One module per command group (experiment, eval, grade, ui, harness, models, image). Heavy imports
 (dagster, duckdb, pandas) happen inside the commands that need them, so ``hangar --help`` and
 a refused spec answer quickly.
 """
@@ -13,6 +13,7 @@ from hangar_dagster.cli import eval as cli_eval
 from hangar_dagster.cli import experiment as cli_experiment
 from hangar_dagster.cli import grade as cli_grade
 from hangar_dagster.cli import harness as cli_harness
+from hangar_dagster.cli import image as cli_image
 from hangar_dagster.cli import models as cli_models
 from hangar_dagster.cli import ui as cli_ui
 
@@ -23,6 +24,7 @@ app.add_typer(cli_experiment.app, name="experiment")
 app.add_typer(cli_harness.app, name="harness")
 app.add_typer(cli_models.app, name="models")
 app.add_typer(cli_eval.app, name="eval")
+app.add_typer(cli_image.app, name="image")
 app.command("grade")(cli_grade.grade_cmd)
 app.command("ui")(cli_ui.ui_cmd)
 

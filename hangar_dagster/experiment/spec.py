@@ -124,10 +124,14 @@ class Resources(_Strict):
 
 
 class Environment(_Strict):
-    sandbox: Literal["bwrap", "unshare"] = Field(
+    sandbox: Literal["bwrap", "unshare", "docker"] = Field(
         "bwrap", description="Sandbox backend a trial runs in (see docs/architecture.md)."
     )
-    image: str | None = Field(None, description="Container image by digest (Docker/K8s backends).")
+    image: str | None = Field(
+        None,
+        description="Container image by digest (Docker): repo@sha256:... or a local image id "
+        "sha256:... (`hangar image build` prints one); a tag is refused at submit.",
+    )
     build: list[str] = Field(
         default_factory=list, description="Commands run once in the clone before the agent starts."
     )

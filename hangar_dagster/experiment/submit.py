@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hangar_dagster.environment.image import ImageRefError, pin_image
 from hangar_dagster.experiment.harness import (
     CLI_PINS,
     CliPins,
@@ -38,6 +39,7 @@ from hangar_dagster.experiment.spec import (
     MAX_HIDDEN_BYTES,
     MAX_HIDDEN_FILES,
     MAX_PATCH_BYTES,
+    Environment,
     ExperimentSpec,
     Problem,
     SpecError,
@@ -51,6 +53,7 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import new_canary
 from hangar_dagster.trials.redact import redact
+from hangar_dagster.trials.sandbox import SandboxUnavailable
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import InputFileError, read_text_bounded
 from hangar_dagster.util.gitrepo import GitError, repo_location, resolve_base
@@ -143,6 +146,21 @@ def _harness_registry(spec: ExperimentSpec, spec_dir: Path, settings: Settings) 
     if spec.harness_repo:
         return (spec_dir / spec.harness_repo).resolve()
     return Path(settings.harness_repo).resolve() if settings.harness_repo else None
+
+
+def _pinned_environment(
+    environment: Environment, where: str, problems: list[Problem]
+) -> Environment:
+    """``environment`` with its image pinned to a digest (Docker); a tag is a problem."""
+    if environment.sandbox != "docker":
+        return environment
+    try:
+        image = pin_image(environment.image)
+    except (ImageRefError, SandboxUnavailable) as err:
+        fix = err.fix if isinstance(err, ImageRefError) else "start dockerd (scripts/bootstrap)"
+        problems.append(Problem(path=f"{where}.image", message=str(err), fix=fix))
+        return environment
+    return environment.model_copy(update={"image": image})
 
 
 def new_experiment_id(name: str) -> str:
@@ -249,6 +267,7 @@ def _resolve(
                     fix=f"fix {CLI_PINS} at the registry root (see docs/architecture.md)",
                 )
             )
+    spec_environment = _pinned_environment(spec.environment, "environment", problems)
     variants: dict[str, ResolvedVariant] = {}
     for name, variant in spec.variants.items():
         where = f"variants.{name}"
@@ -300,6 +319,10 @@ def _resolve(
                 Problem(path=f"{where}.{field}", message=refused.message, fix=refused.fix)
             )
         environment = variant.environment or spec.environment
+        if variant.environment is not None:
+            environment = _pinned_environment(environment, f"{where}.environment", problems)
+        else:
+            environment = spec_environment
         run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
         env_digest = environment_digest(environment)
         content = lock_pin_content(
@@ -334,7 +357,13 @@ def _resolve(
         raise SpecError(str(spec_path), problems)
 
     canary = spec.grader.canary or new_canary()
-    pinned = spec.model_copy(update={"grader": spec.grader.model_copy(update={"canary": canary})})
+    pinned = spec.model_copy(
+        update={
+            "grader": spec.grader.model_copy(update={"canary": canary}),
+            # The grader runs in the spec's environment: its image is pinned as the variants' are.
+            "environment": spec_environment,
+        }
+    )
     return ResolvedExperiment(
         experiment_id=experiment_id or new_experiment_id(spec.name),
         name=spec.name,

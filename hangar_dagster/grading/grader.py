@@ -505,7 +505,9 @@ def _run_sealed(
         "HOME": "/tmp",
         "LANG": "C.UTF-8",
     }
-    result = get_sandbox(experiment.spec.environment.sandbox).run(
+    environment = experiment.spec.environment
+    labels = {"hangar.experiment": experiment.experiment_id, "hangar.grade": label}
+    result = get_sandbox(environment.sandbox, image=environment.image, labels=labels).run(
         SandboxRequest(
             argv=grant.wrap(["/bin/sh", "-c", grader.command]),
             workdir=repo,

@@ -201,7 +201,11 @@ def _prepare(
     task = exp.tasks[req.key.task]
     environment = variant.environment
     try:
-        sandbox = get_sandbox(environment.sandbox)
+        sandbox = get_sandbox(
+            environment.sandbox,
+            image=environment.image,
+            labels={"hangar.experiment": exp.experiment_id, "hangar.trial": req.key.key},
+        )
         state.sandbox_info = sandbox.describe()
     except SandboxUnavailable as err:
         raise InfraError("sandbox_create", str(err)) from err

@@ -63,6 +63,8 @@ class Fixture:
     base: str
     make_patch: PatchMaker
     references: dict[str, str]  # task id -> reference patch
+    sandbox: str = "bwrap"  # environment.sandbox the grader runs on
+    image: str | None = None  # environment.image (docker)
 
     def experiment(self, **grader: Any) -> ResolvedExperiment:
         tasks = {
@@ -71,7 +73,8 @@ class Fixture:
             "text": {"repo": str(self.repo), "base_sha": self.base, "hidden_files": HIDDEN_TEXT,
                      "reference_patch": self.references["text"]},
         }  # fmt: skip
-        return experiment(tasks, grader={"timeout_s": 60, **grader})
+        env = {"sandbox": self.sandbox, **({"image": self.image} if self.image else {})}
+        return experiment(tasks, grader={"timeout_s": 60, **grader}, environment=env)
 
 
 def write_files(root: Path, files: Files) -> None:

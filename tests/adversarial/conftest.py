@@ -6,6 +6,7 @@ sandbox; nothing in this directory runs the patched code on the host.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -20,10 +21,24 @@ from hangar_dagster.grading.grader import check_base  # noqa: E402
 from hangar_dagster.results.records import BaseCheckRecord  # noqa: E402
 from hangar_dagster.settings import HangarPaths  # noqa: E402
 
+# The suite runs on every backend, with the same expected results (needs_sandbox skips or, in
+# CI, fails a backend that is missing).
+BACKENDS = [
+    pytest.param(name, marks=pytest.mark.needs_sandbox(name))
+    for name in ("bwrap", "unshare", "docker")
+]
+
 
 @pytest.fixture(scope="session")
-def fixture_repo(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+def fixture_task(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     return build_fixture(tmp_path_factory.mktemp("adversarial"))
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def fixture_repo(fixture_task: Fixture, request: pytest.FixtureRequest) -> Fixture:
+    """The fixture tasks, graded on one backend (the parameter)."""
+    image = request.getfixturevalue("docker_base_image") if request.param == "docker" else None
+    return dataclasses.replace(fixture_task, sandbox=request.param, image=image)
 
 
 @pytest.fixture(scope="session")

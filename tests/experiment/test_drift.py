@@ -199,7 +199,7 @@ def test_a_sandbox_other_than_pinned_is_environment_drift(
         def describe(self) -> dict[str, str]:
             return super().describe() | described
 
-    def sandbox(_name: str) -> Sandbox:
+    def sandbox(_name: str, **_options: object) -> Sandbox:  # image, labels: Docker's
         return Reports()
 
     monkeypatch.setattr(trial_module, "get_sandbox", sandbox)

@@ -48,8 +48,10 @@ def experiment(
     *,
     grader: dict[str, Any] | None = None,
     canary: str | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> ResolvedExperiment:
-    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, ...}})."""
+    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, ...}});
+    ``environment``: the spec's (e.g. ``{"sandbox": "docker", "image": ...}``)."""
     grader_spec = {
         "command": "hangar-grade pytest -q",
         "timeout_s": 120,
@@ -65,6 +67,7 @@ def experiment(
             ],
             "variants": {"v1": {"harness_lock": LOCK}},
             "grader": grader_spec,
+            **({"environment": environment} if environment else {}),
         }
     )
     resolved = {
@@ -86,7 +89,7 @@ def experiment(
         harness_path="/nonexistent",
         adapter="standin",
         model="standin-2025-01-01",
-        environment=Environment(),
+        environment=spec.environment if environment else Environment(),
         environment_digest="sha256:" + "c" * 64,
         tasks=tuple(tasks),
         pin_set="pin-" + "0" * 20,

@@ -110,7 +110,7 @@ def test_hidden_digest_changed_after_the_run_fails_a_passing_grade(
     repo, base = task_repo
     exp = experiment({"t1": {"repo": str(repo), "base_sha": base, "hidden_files": HIDDEN}})
     sandbox = ChangesHiddenAfterRun(change or (lambda _hidden: None))
-    monkeypatch.setattr(grader, "get_sandbox", lambda _name: sandbox)
+    monkeypatch.setattr(grader, "get_sandbox", lambda _name, **_options: sandbox)
     hp: HangarPaths = paths()
     run = run_grader(exp, "t1", make_patch({"calc.py": FIXED}), label="digest",
                      work_root=hp.work / "grading", env_extra={})  # fmt: skip

@@ -71,6 +71,12 @@ class SandboxRequest:
     cancel: threading.Event | None = field(default=None, compare=False)
     # Called from a reader thread with each chunk of stdout as it arrives (live traces).
     on_stdout: Callable[[bytes], None] | None = field(default=None, compare=False)
+    # Container backends: the image to run in (a digest: the pinned environment.image); None:
+    # the backend's own (get_sandbox's image). The namespace backends ignore it.
+    image: str | None = None
+    # Container backends: labels on the container (experiment, trial); others ignore them.
+    labels: dict[str, str] = field(default_factory=dict, compare=False)
+    cpus: float | None = None  # CPU limit where the backend has one (Docker); None: none
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,11 @@ class SandboxResult:
 class Sandbox(ABC):
     name: str
 
+    def __init__(self, image: str | None = None, labels: dict[str, str] | None = None) -> None:
+        """``image``/``labels``: defaults for container backends (the namespace ones ignore them)."""
+        self.image = image
+        self.labels = dict(labels or {})
+
     @abstractmethod
     def run(self, request: SandboxRequest) -> SandboxResult:
         """Run ``request.argv``; every process it started is gone when this returns."""
@@ -98,10 +109,14 @@ class Sandbox(ABC):
 _BACKENDS = {
     "bwrap": "hangar_dagster.trials.sandbox.bwrap:BwrapSandbox",
     "unshare": "hangar_dagster.trials.sandbox.unshare:UnshareSandbox",
+    "docker": "hangar_dagster.trials.sandbox.docker:DockerSandbox",
 }
 
 
-def get_sandbox(name: str) -> Sandbox:
+def get_sandbox(
+    name: str, image: str | None = None, labels: dict[str, str] | None = None
+) -> Sandbox:
+    """The backend ``name``; ``image`` and ``labels`` reach container backends' requests."""
     try:
         target = _BACKENDS[name]
     except KeyError:
@@ -110,4 +125,4 @@ def get_sandbox(name: str) -> Sandbox:
         ) from None
     module, cls = target.split(":")
     backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
-    return backend()
+    return backend(image=image, labels=labels)

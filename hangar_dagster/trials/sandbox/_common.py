@@ -90,8 +90,12 @@ def runtime_dirs() -> list[str]:
     return dirs
 
 
-def check_request(request: SandboxRequest) -> None:
-    """Refuse requests that cannot be mounted, naming the field to fix."""
+def check_request(request: SandboxRequest, needs_root: bool = True) -> None:
+    """Refuse requests that cannot be mounted, naming the field to fix.
+
+    ``needs_root``: a uid split needs hangar to be root (not so where a container engine
+    switches uid).
+    """
     if not request.argv:
         raise ValueError("SandboxRequest.argv is empty: give the command to run")
     if request.run_as is not None:
@@ -100,7 +104,7 @@ def check_request(request: SandboxRequest) -> None:
                 f"SandboxRequest.run_as {request.run_as}: uid and gid must be positive "
                 "(an unprivileged user), not root"
             )
-        if os.geteuid() != 0:
+        if needs_root and os.geteuid() != 0:
             raise SandboxUnavailable(
                 "SandboxRequest.run_as needs hangar to run as root to switch uid; "
                 "leave run_as unset (no uid split) or run as root"

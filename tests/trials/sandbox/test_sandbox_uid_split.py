@@ -1,4 +1,4 @@
-"""The uid split and inherited pipes, on both local backends, with real namespaces."""
+"""The uid split and inherited pipes, on every backend, with real namespaces and containers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hangar_dagster.trials.sandbox import RunAs, Sandbox, SandboxRequest, get_sandbox
+from hangar_dagster.trials.sandbox.docker import DEFAULT_UID
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("root")]
 
@@ -47,9 +48,13 @@ def test_command_runs_unprivileged_without_capabilities(sandbox: Sandbox, wd: Pa
     assert st["NoNewPrivs"] == "1"
 
 
-def test_control_without_run_as_the_command_is_root(sandbox: Sandbox, wd: Path) -> None:
+def test_control_without_run_as_the_command_is_not_the_run_as_user(
+    sandbox: Sandbox, wd: Path
+) -> None:
+    """The namespace backends run it as root (capabilities dropped); Docker never as root, but
+    as its own unprivileged uid (DEFAULT_UID)."""
     st = status(sandbox, wd, None)
-    assert st["Uid"].split()[0] == "0"
+    assert st["Uid"].split()[0] == ("0" if sandbox.name != "docker" else str(DEFAULT_UID))
 
 
 def test_unprivileged_command_can_write_only_what_it_owns(
