@@ -12,6 +12,7 @@ left for sealing (uid split, pipes, a trusted reporter).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -28,8 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from hangar_dagster.environment.build import (
+    BuildFailed,
+    BuildPlan,
+    Built,
+    ensure_build,
+    plan_build,
+    repeated_failure,
+)
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.experiment.spec import Grader, hidden_path_problem
+from hangar_dagster.experiment.spec import Environment, Grader, hidden_path_problem
 from hangar_dagster.grading.crosscheck import (
     ReporterStream,
     cross_check,
@@ -48,7 +57,7 @@ from hangar_dagster.results.records import (
     TrialRecord,
     Trust,
 )
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import mask
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
@@ -389,6 +398,7 @@ def run_grader(
     work_root: Path,
     env_extra: dict[str, str],
     expected_tests: Collection[str] = (),
+    built: Built | None = None,
 ) -> GraderRun:
     """Grade ``patch`` (empty for the bare base) on a fresh clone of the task, in the sandbox.
 
@@ -397,7 +407,9 @@ def run_grader(
     of which must be in the report. A patch that does not apply, or a network
     the local sandbox cannot give, is a failed run with a reason; a sandbox
     that cannot be created raises ``SandboxUnavailable`` (infrastructure, not
-    a grade).
+    a grade). ``built``: the task's environment build; the command then runs with its venv
+    mounted and on PATH (after hangar's bin), the clone also at the build's repo path, and
+    ``$HANGAR_TEST_PYTHON`` naming the venv's python for hangar-grade.
     """
     unknown = sorted(set(env_extra) - _ENV_EXTRA)
     if unknown:
@@ -428,6 +440,8 @@ def run_grader(
             return _failed(
                 f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
             )
+        if built is not None:
+            built.copy_outputs(repo)  # what the build left in its repo (*.egg-info)
         _purge_bytecode(repo)
         static = static_signals(repo, patch)  # before any code of the patch runs
         files = hidden_files_for(experiment, task_id)
@@ -468,7 +482,12 @@ def run_grader(
             "HOME": "/tmp",
             "LANG": "C.UTF-8",
         }
-        result = get_sandbox(experiment.spec.environment.sandbox).run(
+        sandbox = get_sandbox(experiment.spec.environment.sandbox)
+        if built is not None:
+            env["HANGAR_TEST_PYTHON"] = str(built.python)
+            # After hangar's bin: the `hangar-grade` found first stays hangar's own.
+            sandbox = built.sandbox(sandbox, repo, venv_first=False)
+        result = sandbox.run(
             SandboxRequest(
                 argv=["/bin/sh", "-c", grader.command],
                 workdir=repo,
@@ -545,6 +564,26 @@ def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
     return texts
 
 
+def build_settings(paths: HangarPaths, settings: Settings | None) -> Settings:
+    """The settings a build runs under: the caller's, or (a caller that passed none) the
+    defaults for ``paths``' home."""
+    if settings is None:
+        return Settings.from_env({"HANGAR_HOME": str(paths.home)})
+    return (
+        settings if settings.home == paths.home else dataclasses.replace(settings, home=paths.home)
+    )
+
+
+def task_build(
+    experiment: ResolvedExperiment, task_id: str, environment: Environment | None = None
+) -> BuildPlan | None:
+    """The build a grader run of ``task_id`` uses: the variant's environment (default: the
+    experiment's), then the task's own steps; None when there is nothing to build."""
+    task = experiment.tasks[task_id]
+    env = environment or experiment.spec.environment
+    return plan_build(env, task.repo, task.base_sha, task.build)
+
+
 def grade_trial(
     experiment: ResolvedExperiment,
     trial: TrialRecord,
@@ -552,6 +591,7 @@ def grade_trial(
     base_check: BaseCheckRecord | None,
     run_id: str,
     paths: HangarPaths,
+    settings: Settings | None = None,
 ) -> GradeRecord:
     """Grade one trial attempt, and save the grader's output as ``grade.log`` in its artifacts.
 
@@ -568,15 +608,32 @@ def grade_trial(
             output="", duration_s=0.0, passed=False,
         )  # fmt: skip
     else:
-        run = run_grader(
-            experiment,
-            trial.task,
-            patch,
-            label=trial.trial_key,
-            work_root=paths.work / "grading",
-            env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
-            expected_tests=base_check.expected_tests if base_check is not None else (),
-        )
+        variant = experiment.variants.get(trial.variant)
+        plan = task_build(experiment, trial.task, variant.environment if variant else None)
+        built: Built | None = None
+        failed: BuildFailed | None = None
+        if plan is not None:
+            try:  # a cache hit, normally: the base check or the trial built it
+                built = ensure_build(plan, build_settings(paths, settings))
+            except BuildFailed as err:
+                failed = err
+        if failed is not None:
+            run = GraderRun(
+                exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
+                reason=mask(f"environment build failed: {failed}", experiment.canary),
+                output=mask(failed.tail, experiment.canary), duration_s=0.0, passed=False,
+            )  # fmt: skip
+        else:
+            run = run_grader(
+                experiment,
+                trial.task,
+                patch,
+                label=trial.trial_key,
+                work_root=paths.work / "grading",
+                env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
+                expected_tests=base_check.expected_tests if base_check is not None else (),
+                built=built,
+            )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     grade = GradeRecord(
         experiment_id=experiment.experiment_id,
@@ -653,20 +710,72 @@ def _failing(counts: dict[str, int]) -> str:
     return f"{counts['failed']} failed, {counts['errors']} error(s) of {counts['total']}"
 
 
+BUILD_ATTEMPTS = 3  # a base check's tries at a failing build before it gives up
+
+
+def _build_for_check(plan: BuildPlan, settings: Settings) -> tuple[Built | None, str | None]:
+    """The build, or why the task is invalid: it failed the same way twice (same step and
+    exit), or ``BUILD_ATTEMPTS`` times; the reason ends with the log's tail."""
+    last: BuildFailed | None = None
+    for _ in range(BUILD_ATTEMPTS):
+        try:
+            return ensure_build(plan, settings), None
+        except BuildFailed as err:
+            last = err
+            if (same := repeated_failure(settings, plan)) is not None:
+                how = "timed out" if same["exit_code"] is None else f"exit {same['exit_code']}"
+                return None, (
+                    f"environment build fails the same way twice: step {same['step']!r} "
+                    f"({how}); log tail:\n{same['tail']}"
+                )
+    assert last is not None
+    return None, f"environment build failed {BUILD_ATTEMPTS} times; last: {last}\n{last.tail}"
+
+
 def check_base(
-    experiment: ResolvedExperiment, task_id: str, run_id: str, paths: HangarPaths
+    experiment: ResolvedExperiment,
+    task_id: str,
+    run_id: str,
+    paths: HangarPaths,
+    settings: Settings | None = None,
 ) -> BaseCheckRecord:
     """Base must fail: the hidden tests on the unpatched base, and on the reference patch if given.
 
     Invalid when they pass on base, collect nothing there, or fail on the
-    reference patch; ``reason`` lists every cause.
+    reference patch; ``reason`` lists every cause. With an environment build, the build runs
+    first (this is where builds normally happen, before any trial starts); a build that fails
+    the same way twice makes the task invalid with the build log's tail as the reason.
     """
     task = experiment.tasks[task_id]
     work_root = paths.work / "grading"
     env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
+    built: Built | None = None
+    build_log = ""
+    plan = task_build(experiment, task_id)
+    if plan is not None:
+        built, invalid = _build_for_check(plan, build_settings(paths, settings))
+        if built is None:
+            reason = mask(invalid or "environment build failed", experiment.canary)
+            write_atomic(
+                base_check_log(paths, experiment.experiment_id, task_id),
+                f"=== build ({plan.digest}) ===\n{reason}\n",
+            )
+            return BaseCheckRecord(
+                experiment_id=experiment.experiment_id, task=task_id, base_sha=task.base_sha,
+                grader_digest=experiment.grader_digest, base_passed=False,
+                base_counts=zero_counts(), reference_given=task.reference_patch is not None,
+                reference_passed=None, reference_counts=None, invalid=True, reason=reason,
+                checked_at=dt.datetime.now(dt.UTC), run_id=run_id, build_digest=plan.digest,
+            )  # fmt: skip
+        build_log = (
+            f"=== build ({plan.digest}, {built.duration_s:.1f}s"
+            f"{', cached' if not built.ran_now else ''}) ===\n"
+            f"{built.log.read_text(errors='replace')}\n"
+        )
     base = run_grader(
-        experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env
-    )
+        experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env,
+        built=built,
+    )  # fmt: skip
     reasons: list[str] = []
     if base.passed:
         reasons.append("hidden tests pass on base")
@@ -676,13 +785,13 @@ def check_base(
     if task.reference_patch is not None:
         ref = run_grader(
             experiment, task_id, task.reference_patch,
-            label=f"reference-{task_id}", work_root=work_root, env_extra=env,
+            label=f"reference-{task_id}", work_root=work_root, env_extra=env, built=built,
         )  # fmt: skip
         if not ref.passed:
             reasons.append(
                 f"hidden tests fail on reference_patch ({ref.reason or _failing(ref.counts)})"
             )
-    log = f"=== base ({task.base_sha}) ===\n{base.output}"
+    log = f"{mask(build_log, experiment.canary)}=== base ({task.base_sha}) ===\n{base.output}"
     if ref is not None:
         log += f"\n=== reference_patch ===\n{ref.output}"
     write_atomic(base_check_log(paths, experiment.experiment_id, task_id), log)
@@ -703,4 +812,6 @@ def check_base(
         # What every trial's report must name: collected on base or on the reference patch.
         expected_tests=sorted({*base.collected, *(ref.collected if ref is not None else ())}),
         base_outcomes={t.test_id: t.outcome for t in base.tests},
+        build_digest=plan.digest if plan is not None else None,
+        build_s=round(built.duration_s if built.ran_now else 0.0, 3) if built else None,
     )
