@@ -48,8 +48,10 @@ def experiment(
     *,
     grader: dict[str, Any] | None = None,
     canary: str | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> ResolvedExperiment:
-    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, ...}})."""
+    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, build, ...}});
+    ``environment``: the spec's (and the variant's) environment."""
     grader_spec = {
         "command": "hangar-grade pytest -q",
         "timeout_s": 120,
@@ -65,6 +67,7 @@ def experiment(
             ],
             "variants": {"v1": {"harness_lock": LOCK}},
             "grader": grader_spec,
+            **({"environment": environment} if environment is not None else {}),
         }
     )
     resolved = {
@@ -76,6 +79,7 @@ def experiment(
             verify=None,
             reference_patch=t.get("reference_patch"),
             hidden_files=t["hidden_files"],
+            build=tuple(t.get("build", ())),
         )
         for tid, t in tasks.items()
     }
@@ -86,7 +90,7 @@ def experiment(
         harness_path="/nonexistent",
         adapter="standin",
         model="standin-2025-01-01",
-        environment=Environment(),
+        environment=spec.environment if environment is not None else Environment(),
         environment_digest="sha256:" + "c" * 64,
         tasks=tuple(tasks),
         pin_set="pin-" + "0" * 20,
