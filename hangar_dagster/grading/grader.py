@@ -584,6 +584,18 @@ def task_build(
     return plan_build(env, task.repo, task.base_sha, task.build)
 
 
+def check_environment(experiment: ResolvedExperiment, task_id: str) -> Environment:
+    """The environment a base check of ``task_id`` builds and grades in: the experiment's, or,
+    when only variants set a build, the first (by name) of those that run the task."""
+    own = experiment.spec.environment
+    if own.build:
+        return own
+    for _, variant in sorted(experiment.variants.items()):
+        if task_id in variant.tasks and variant.environment.build:
+            return variant.environment
+    return own
+
+
 def grade_trial(
     experiment: ResolvedExperiment,
     trial: TrialRecord,
@@ -751,7 +763,7 @@ def check_base(
     env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
     built: Built | None = None
     build_log = ""
-    plan = task_build(experiment, task_id)
+    plan = task_build(experiment, task_id, check_environment(experiment, task_id))
     if plan is not None:
         built, invalid = _build_for_check(plan, build_settings(paths, settings))
         if built is None:

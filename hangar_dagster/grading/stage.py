@@ -23,6 +23,7 @@ from hangar_dagster.grading.grader import (
     base_check_log,
     build_settings,
     check_base,
+    check_environment,
     contamination_notes,
     grade_trial,
     task_build,
@@ -84,7 +85,7 @@ def _prebuild_variants(
 ) -> None:
     """Build each variant environment of ``task`` other than the experiment's, so its trials
     find the cache; a failure here is left to the trials (infra_error / build, retried)."""
-    own = task_build(exp, task)
+    own = task_build(exp, task, check_environment(exp, task))
     plans = {
         p.key: p
         for v in exp.variants.values()

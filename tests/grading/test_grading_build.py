@@ -8,13 +8,17 @@ from pathlib import Path
 
 import factories
 import pytest
-from grading_builders import experiment
+from grading_builders import HIDDEN, experiment
 
 from hangar_dagster.environment import build
+from hangar_dagster.experiment.spec import Environment
 from hangar_dagster.grading.grader import base_check_log, check_base, grade_trial, task_build
+from hangar_dagster.grading.stage import run_base_checks
+from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings, paths
 from tests.buildfixtures import SEMVER_TASK, local_index, semver_repo
 from tests.conftest import CORPUS
+from tests.trials.test_trials_stage import Said
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 __all__ = ["local_index"]  # the fixture, used by name
@@ -87,3 +91,26 @@ def test_a_build_failing_the_same_way_twice_makes_the_task_invalid_with_the_log_
     assert plan is not None and check.build_digest == plan.digest
     assert len(build.failures(Settings.from_env(), plan)) == 2  # stopped at the repeat
     assert "no-such-dependency" in base_check_log(hpaths, exp.experiment_id, "t1").read_text()
+
+
+def test_the_base_check_stage_builds_every_variant_environment_before_the_trials(
+    local_index: Path, hpaths: HangarPaths, task_repo: tuple[Path, str]
+) -> None:
+    repo, sha = task_repo
+    # Only the variants set builds: the check builds and grades in the first one's, and the
+    # stage builds the other's too, so no trial of either builds.
+    exp = experiment({"t1": {"repo": str(repo), "base_sha": sha, "hidden_files": HIDDEN}})
+    v1 = exp.variants["v1"].model_copy(update={"environment": Environment(build=["echo a > a"])})
+    v2 = v1.model_copy(update={"name": "v2", "environment": Environment(build=["echo b > b"])})
+    exp = exp.model_copy(update={"variants": {"v1": v1, "v2": v2}})
+    said = Said()
+    [part] = run_base_checks(exp, Store(paths()), paths(), "run-1", ["t1"], said).values()
+    assert not part.check.invalid, part.check.reason
+    own = task_build(exp, "t1", v1.environment)
+    assert own is not None and part.check.build_digest == own.digest
+    settings = Settings.from_env()
+    for variant in (v1, v2):
+        plan = task_build(exp, "t1", variant.environment)
+        assert plan is not None and build.cached(settings, plan) is not None
+        assert build.BUILDS_RUN[plan.key] == 1
+    assert said.lines == []
