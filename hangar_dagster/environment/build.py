@@ -194,6 +194,15 @@ class BuildFailed(Exception):
         return self.step, self.exit_code
 
 
+class MirrorUnavailable(BuildFailed):
+    """The build's way out (the egress proxy, the mirror) could not be opened: infrastructure,
+    not the build's steps, so it is never counted among the key's failures (it cannot make a
+    task invalid) and a base check that meets it fails for the run to try again."""
+
+    def __init__(self, reason: str):
+        super().__init__("(open the package mirror)", None, reason)
+
+
 @dataclass(frozen=True)
 class Built:
     """A complete build in the cache (``root`` = ``builds/<key>``)."""
@@ -381,7 +390,11 @@ def _run_build(
             (f"python -m pip install -q {shlex.quote(plan.runner)}", True),
             *((step, True) for step in plan.steps),
         ]
-        with open_build_egress(tmp / "egress.jsonl", settings) as grant:
+        with contextlib.ExitStack() as stack:
+            try:
+                grant = stack.enter_context(open_build_egress(tmp / "egress.jsonl", settings))
+            except Exception as exc:  # whatever the egress side raises: the build never ran
+                raise MirrorUnavailable(f"{type(exc).__name__}: {exc}") from exc
             for step, in_venv in steps:
                 env = {
                     "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
@@ -412,15 +425,15 @@ def _run_build(
                 if result.timed_out or result.cancelled or result.exit_code != 0:
                     text = "".join(log)
                     write_atomic(settings.paths.builds / f"{plan.key}.failed.log", text)
-                    err = BuildFailed(
+                    failed = BuildFailed(
                         step,
                         None if result.timed_out or result.cancelled else result.exit_code,
                         text[-TAIL_CHARS:],
                         settings.paths.builds / f"{plan.key}.failed.log",
                     )
                     if not result.cancelled:  # a drain says nothing about the build
-                        _record_failure(settings, plan, err)
-                    raise err
+                        _record_failure(settings, plan, failed)
+                    raise failed
         duration = time.monotonic() - started
         outputs = _outputs(tmp / "repo")
         write_atomic(tmp / "build.log", "".join(log))

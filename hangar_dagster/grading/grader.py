@@ -33,6 +33,7 @@ from hangar_dagster.environment.build import (
     BuildFailed,
     BuildPlan,
     Built,
+    MirrorUnavailable,
     ensure_build,
     plan_build,
     repeated_failure,
@@ -627,6 +628,8 @@ def grade_trial(
         if plan is not None:
             try:  # a cache hit, normally: the base check or the trial built it
                 built = ensure_build(plan, build_settings(paths, settings))
+            except MirrorUnavailable:
+                raise  # infrastructure: no grade is stored, the next grades run tries again
             except BuildFailed as err:
                 failed = err
         if failed is not None:
@@ -732,6 +735,8 @@ def _build_for_check(plan: BuildPlan, settings: Settings) -> tuple[Built | None,
     for _ in range(BUILD_ATTEMPTS):
         try:
             return ensure_build(plan, settings), None
+        except MirrorUnavailable:
+            raise  # infrastructure: the check is not stored, the next run checks again
         except BuildFailed as err:
             last = err
             if (same := repeated_failure(settings, plan)) is not None:
@@ -756,7 +761,8 @@ def check_base(
     Invalid when they pass on base, collect nothing there, or fail on the
     reference patch; ``reason`` lists every cause. With an environment build, the build runs
     first (this is where builds normally happen, before any trial starts); a build that fails
-    the same way twice makes the task invalid with the build log's tail as the reason.
+    the same way twice makes the task invalid with the build log's tail as the reason. A
+    mirror that cannot be opened raises ``MirrorUnavailable`` (nothing is stored).
     """
     task = experiment.tasks[task_id]
     work_root = paths.work / "grading"

@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from hangar_dagster.environment import build
-from hangar_dagster.environment.build import BuildFailed, BuildPlan, ensure_build, plan_build
+from hangar_dagster.environment.build import (
+    BuildFailed,
+    BuildPlan,
+    MirrorUnavailable,
+    ensure_build,
+    plan_build,
+)
 from hangar_dagster.experiment.spec import Environment
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox import SandboxRequest, get_sandbox
@@ -260,3 +266,19 @@ def test_build_outputs_are_untracked_and_ignored_files_not_tracked_edits(tmp_pat
     (repo / "gen" / "deep" / "x.c").write_text("")
     (repo / "a.py").write_text("x = 2\n")  # a tracked edit is not an output
     assert build._outputs(repo) == ("gen", "pkg.egg-info")
+
+
+def test_a_mirror_that_cannot_open_is_infrastructure_never_a_counted_failure(
+    upstream: Upstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(log_path: Path, settings: Settings) -> object:
+        raise ConnectionRefusedError("the mirror's upstream did not answer")
+
+    monkeypatch.setattr(build, "open_build_egress", refused)
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    plan = plan_for(upstream.path, upstream.base, "true")
+    for _ in range(2):
+        with pytest.raises(MirrorUnavailable, match="did not answer"):
+            ensure_build(plan, settings)
+    assert build.failures(settings, plan) == [] and build.repeated_failure(settings, plan) is None
+    assert not list(settings.paths.builds.glob(".tmp-*")) and build.cached(settings, plan) is None
