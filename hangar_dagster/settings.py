@@ -71,6 +71,11 @@ class HangarPaths:
         """Scratch space for clones and sandboxes; safe to delete between runs."""
         return self.home / "work"
 
+    @property
+    def builds(self) -> Path:
+        """Environment builds, one complete directory per build digest (environment/build.py)."""
+        return self.home / "builds"
+
     def experiment_dir(self, experiment_id: str) -> Path:
         return self.experiments / experiment_id
 

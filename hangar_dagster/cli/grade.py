@@ -24,6 +24,7 @@ def grade_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the grade as JSON.")] = False,
 ) -> None:
     """Grade one patch (or, with --base, the bare base) against one task with the real grader."""
+    from hangar_dagster.environment.build import BuildFailed
     from hangar_dagster.grading.by_hand import PatchFileError, grade_by_hand, read_patch_file
 
     if (patch is None) == (not base):
@@ -38,6 +39,10 @@ def grade_cmd(
     except KeyError as e:
         err.print(f"[red]refused:[/] {e.args[0]}")
         raise typer.Exit(2) from None
+    except BuildFailed as e:
+        err.print("[red]environment build failed:[/]")
+        err.print(f"{e}\n{e.tail}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
     else:

@@ -11,8 +11,10 @@ to overwrite a stored pin set with other content.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hangar_dagster.environment.build import build_definition
 from hangar_dagster.experiment.drift import environment_pins, harness_fingerprint
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.experiment.model_policy import floating_reason
@@ -21,8 +23,16 @@ from hangar_dagster.results.records import PinSetRecord, utcnow
 from hangar_dagster.util.digests import sha256_json
 
 
-def environment_digest(environment: Environment) -> str:
-    return "sha256:" + sha256_json(environment.model_dump(mode="json"))
+def environment_digest(
+    environment: Environment, task_build: Mapping[str, Sequence[str]] | None = None
+) -> str:
+    """The environment's digest; with a build (environment.build or a task's ``build``), the
+    build's definition too (``build.build_definition``), so a changed build is a new pin set.
+    Without one, the digest is what it always was."""
+    content: dict[str, Any] = environment.model_dump(mode="json")
+    if (build := build_definition(environment, task_build or {})) is not None:
+        content = {"environment": content, "build": build}
+    return "sha256:" + sha256_json(content)
 
 
 def pin_content(
@@ -63,12 +73,14 @@ def lock_pin_content(
     task_bases: dict[str, str],
     grader_digest: str,
     aliases: frozenset[str],
+    task_build: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """A variant's pins from its verified lock and environment (submit and the pin_sets asset)."""
+    """A variant's pins from its verified lock and environment (submit and the pin_sets asset);
+    ``task_build``: the variant's tasks' own build steps."""
     return pin_content(
         harness_lock=lock.ref,
         harness_digest=lock.digest,
-        environment_digest=environment_digest(environment),
+        environment_digest=environment_digest(environment, task_build),
         model=model,
         task_bases=task_bases,
         grader_digest=grader_digest,

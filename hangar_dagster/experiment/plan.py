@@ -29,6 +29,7 @@ class ResolvedTask(_Frozen):
     verify: str | None
     reference_patch: str | None
     hidden_files: dict[str, str]  # relative path -> content, without the canary line
+    build: tuple[str, ...] = ()  # the task's own build steps, after environment.build
 
 
 class ResolvedVariant(_Frozen):

@@ -133,7 +133,10 @@ class Environment(_Strict):
         "sha256:... (`hangar image build` prints one); a tag is refused at submit.",
     )
     build: list[str] = Field(
-        default_factory=list, description="Commands run once in the clone before the agent starts."
+        default_factory=list,
+        description="Build steps (e.g. pip install -e .), run once per task base in a "
+        "virtualenv with the package mirror only; the venv is mounted read-only into every "
+        "trial and grader of the task (see docs/architecture.md, Builds).",
     )
     egress: Egress = Field(default_factory=Egress)  # type: ignore[arg-type]
     resources: Resources = Field(default_factory=Resources)  # type: ignore[arg-type]
@@ -197,6 +200,11 @@ class Task(_Strict):
         None,
         description="Hidden test files for this task: {relative path: content}, "
         "or a directory relative to the spec.",
+    )
+    build: list[str] = Field(
+        default_factory=list,
+        description="This task's own build steps, run after environment.build in the same "
+        "build (e.g. pip install six==1.16.0).",
     )
 
     @field_validator("hidden_tests")

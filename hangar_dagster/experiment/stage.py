@@ -79,6 +79,7 @@ def pin_variants(
                 task_bases={t: exp.tasks[t].base_sha for t in variant.tasks},
                 grader_digest=exp.grader_digest,
                 aliases=aliases,
+                task_build={t: exp.tasks[t].build for t in variant.tasks},
             )
         )
         if record.pin_set != variant.pin_set:

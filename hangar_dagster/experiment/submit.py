@@ -242,6 +242,7 @@ def _resolve(
             verify=task.verify,
             reference_patch=_read_reference(task, where, spec_dir, problems),
             hidden_files=hidden,
+            build=tuple(task.build),
         )
 
     g_digest = grader_digest(spec.grader, {t.id: t.hidden_files for t in tasks.values()})
@@ -324,7 +325,8 @@ def _resolve(
         else:
             environment = spec_environment
         run_tasks = tuple(variant.tasks or [t.id for t in spec.tasks])
-        env_digest = environment_digest(environment)
+        task_build = {t: tasks[t].build for t in run_tasks}
+        env_digest = environment_digest(environment, task_build)
         content = lock_pin_content(
             lock,
             environment,
@@ -333,6 +335,7 @@ def _resolve(
             task_bases={t: tasks[t].base_sha for t in run_tasks},
             grader_digest=g_digest,
             aliases=settings.model_aliases,
+            task_build=task_build,
         )
         variants[name] = ResolvedVariant(
             name=name,

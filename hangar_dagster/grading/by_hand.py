@@ -9,8 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hangar_dagster.environment.build import ensure_build
 from hangar_dagster.experiment.spec import MAX_PATCH_BYTES, load_spec
-from hangar_dagster.grading.grader import grade_trust, grader_runner, run_grader
+from hangar_dagster.grading.grader import (
+    check_environment,
+    grade_trust,
+    grader_runner,
+    run_grader,
+    task_build,
+)
 from hangar_dagster.grading.signals import tamper_signals, touched_tests
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.canary import mask
@@ -49,10 +56,14 @@ def grade_by_hand(spec_path: Path, task_id: str, patch: str, settings: Settings)
         known = ", ".join(sorted(experiment.tasks))
         raise KeyError(f"--task {task_id!r}: not a task of {spec_path} (tasks: {known})")
     label = "base" if not patch else "by-hand"
+    plan = task_build(experiment, task_id, check_environment(experiment, task_id))
+    # A build that fails raises BuildFailed: the command says so, with the log's tail.
+    built = ensure_build(plan, settings) if plan is not None else None
     run = run_grader(
         experiment, task_id, patch, label=f"{label}-{task_id}",
         work_root=paths.work / "grading", env_extra={"HANGAR_TRIAL": f"{label}/{task_id}"},
         settings=settings,
+        built=built,
     )  # fmt: skip
     grader = experiment.spec.grader
     result: dict[str, Any] = mask(

@@ -13,6 +13,7 @@ left for sealing (uid split, pipes, a trusted reporter).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -29,6 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from hangar_dagster.environment.build import (
+    BuildFailed,
+    BuildPlan,
+    Built,
+    MirrorUnavailable,
+    ensure_build,
+    plan_build,
+    repeated_failure,
+)
 from hangar_dagster.environment.egress import (
     EgressError,
     EgressGrant,
@@ -38,7 +48,7 @@ from hangar_dagster.environment.egress import (
 )
 from hangar_dagster.environment.mirror import MirrorError
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.experiment.spec import Grader, hidden_path_problem
+from hangar_dagster.experiment.spec import Environment, Grader, hidden_path_problem
 from hangar_dagster.grading.crosscheck import (
     ReporterStream,
     cross_check,
@@ -400,6 +410,7 @@ def run_grader(
     env_extra: dict[str, str],
     expected_tests: Collection[str] = (),
     settings: Settings | None = None,
+    built: Built | None = None,
 ) -> GraderRun:
     """Grade ``patch`` (empty for the bare base) on a fresh clone of the task, in the sandbox.
 
@@ -410,6 +421,9 @@ def run_grader(
     a reason; a sandbox that cannot be created raises ``SandboxUnavailable``
     (infrastructure, not a grade). ``settings`` (the operator's) say where the
     mirror is; a caller without them gets this process's (``Settings.from_env``).
+    ``built``: the task's environment build; the command then runs with its venv
+    mounted and on PATH (after hangar's bin), the clone also at the build's repo path, and
+    ``$HANGAR_TEST_PYTHON`` naming the venv's python for hangar-grade.
     """
     unknown = sorted(set(env_extra) - _ENV_EXTRA)
     if unknown:
@@ -429,7 +443,7 @@ def run_grader(
             with open_egress(policy, work / EGRESS_NAME, settings or Settings.from_env()) as grant:
                 return _run_sealed(
                     experiment, task_id, patch, label, env_extra, expected_tests, started,
-                    work, pipes, grant,
+                    work, pipes, grant, built,
                 )  # fmt: skip
         except (MirrorError, EgressError) as err:
             return _failed(f"grader network mirror: {err}", started)
@@ -450,6 +464,7 @@ def _run_sealed(
     work: Path,
     pipes: list[_Pipe],
     grant: EgressGrant,
+    built: Built | None,
 ) -> GraderRun:
     """``run_grader`` in its work dir with its way out (``grant``); ``pipes`` are closed by it."""
     grader = experiment.spec.grader
@@ -464,6 +479,8 @@ def _run_sealed(
         return _failed(
             f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
         )
+    if built is not None:
+        built.copy_outputs(repo)  # what the build left in its repo (*.egg-info)
     _purge_bytecode(repo)
     static = static_signals(repo, patch)  # before any code of the patch runs
     files = hidden_files_for(experiment, task_id)
@@ -507,7 +524,12 @@ def _run_sealed(
     }
     environment = experiment.spec.environment
     labels = {"hangar.experiment": experiment.experiment_id, "hangar.grade": label}
-    result = get_sandbox(environment.sandbox, image=environment.image, labels=labels).run(
+    sandbox = get_sandbox(environment.sandbox, image=environment.image, labels=labels)
+    if built is not None:
+        env["HANGAR_TEST_PYTHON"] = str(built.python)
+        # After hangar's bin: the `hangar-grade` found first stays hangar's own.
+        sandbox = built.sandbox(sandbox, repo, venv_first=False)
+    result = sandbox.run(
         SandboxRequest(
             argv=grant.wrap(["/bin/sh", "-c", grader.command]),
             workdir=repo,
@@ -589,6 +611,38 @@ def _contamination_texts(trial: TrialRecord, patch: str) -> dict[str, str]:
     return texts
 
 
+def build_settings(paths: HangarPaths, settings: Settings | None) -> Settings:
+    """The settings a build runs under: the caller's, or (a caller that passed none) the
+    defaults for ``paths``' home."""
+    if settings is None:
+        return Settings.from_env({"HANGAR_HOME": str(paths.home)})
+    return (
+        settings if settings.home == paths.home else dataclasses.replace(settings, home=paths.home)
+    )
+
+
+def task_build(
+    experiment: ResolvedExperiment, task_id: str, environment: Environment | None = None
+) -> BuildPlan | None:
+    """The build a grader run of ``task_id`` uses: the variant's environment (default: the
+    experiment's), then the task's own steps; None when there is nothing to build."""
+    task = experiment.tasks[task_id]
+    env = environment or experiment.spec.environment
+    return plan_build(env, task.repo, task.base_sha, task.build)
+
+
+def check_environment(experiment: ResolvedExperiment, task_id: str) -> Environment:
+    """The environment a base check of ``task_id`` builds and grades in: the experiment's, or,
+    when only variants set a build, the first (by name) of those that run the task."""
+    own = experiment.spec.environment
+    if own.build:
+        return own
+    for _, variant in sorted(experiment.variants.items()):
+        if task_id in variant.tasks and variant.environment.build:
+            return variant.environment
+    return own
+
+
 def grade_trial(
     experiment: ResolvedExperiment,
     trial: TrialRecord,
@@ -613,16 +667,35 @@ def grade_trial(
             output="", duration_s=0.0, passed=False,
         )  # fmt: skip
     else:
-        run = run_grader(
-            experiment,
-            trial.task,
-            patch,
-            label=trial.trial_key,
-            work_root=paths.work / "grading",
-            env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
-            expected_tests=base_check.expected_tests if base_check is not None else (),
-            settings=settings,
-        )
+        variant = experiment.variants.get(trial.variant)
+        plan = task_build(experiment, trial.task, variant.environment if variant else None)
+        built: Built | None = None
+        failed: BuildFailed | None = None
+        if plan is not None:
+            try:  # a cache hit, normally: the base check or the trial built it
+                built = ensure_build(plan, build_settings(paths, settings))
+            except MirrorUnavailable:
+                raise  # infrastructure: no grade is stored, the next grades run tries again
+            except BuildFailed as err:
+                failed = err
+        if failed is not None:
+            run = GraderRun(
+                exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
+                reason=mask(f"environment build failed: {failed}", experiment.canary),
+                output=mask(failed.tail, experiment.canary), duration_s=0.0, passed=False,
+            )  # fmt: skip
+        else:
+            run = run_grader(
+                experiment,
+                trial.task,
+                patch,
+                label=trial.trial_key,
+                work_root=paths.work / "grading",
+                env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
+                expected_tests=base_check.expected_tests if base_check is not None else (),
+                built=built,
+                settings=settings,
+            )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     grade = GradeRecord(
         experiment_id=experiment.experiment_id,
@@ -699,6 +772,30 @@ def _failing(counts: dict[str, int]) -> str:
     return f"{counts['failed']} failed, {counts['errors']} error(s) of {counts['total']}"
 
 
+BUILD_ATTEMPTS = 3  # a base check's tries at a failing build before it gives up
+
+
+def _build_for_check(plan: BuildPlan, settings: Settings) -> tuple[Built | None, str | None]:
+    """The build, or why the task is invalid: it failed the same way twice (same step and
+    exit), or ``BUILD_ATTEMPTS`` times; the reason ends with the log's tail."""
+    last: BuildFailed | None = None
+    for _ in range(BUILD_ATTEMPTS):
+        try:
+            return ensure_build(plan, settings), None
+        except MirrorUnavailable:
+            raise  # infrastructure: the check is not stored, the next run checks again
+        except BuildFailed as err:
+            last = err
+            if (same := repeated_failure(settings, plan)) is not None:
+                how = "timed out" if same["exit_code"] is None else f"exit {same['exit_code']}"
+                return None, (
+                    f"environment build fails the same way twice: step {same['step']!r} "
+                    f"({how}); log tail:\n{same['tail']}"
+                )
+    assert last is not None
+    return None, f"environment build failed {BUILD_ATTEMPTS} times; last: {last}\n{last.tail}"
+
+
 def check_base(
     experiment: ResolvedExperiment,
     task_id: str,
@@ -709,14 +806,41 @@ def check_base(
     """Base must fail: the hidden tests on the unpatched base, and on the reference patch if given.
 
     Invalid when they pass on base, collect nothing there, or fail on the
-    reference patch; ``reason`` lists every cause.
+    reference patch; ``reason`` lists every cause. With an environment build, the build runs
+    first (this is where builds normally happen, before any trial starts); a build that fails
+    the same way twice makes the task invalid with the build log's tail as the reason. A
+    mirror that cannot be opened raises ``MirrorUnavailable`` (nothing is stored).
     """
     task = experiment.tasks[task_id]
     work_root = paths.work / "grading"
     env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
+    built: Built | None = None
+    build_log = ""
+    plan = task_build(experiment, task_id, check_environment(experiment, task_id))
+    if plan is not None:
+        built, invalid = _build_for_check(plan, build_settings(paths, settings))
+        if built is None:
+            reason = mask(invalid or "environment build failed", experiment.canary)
+            write_atomic(
+                base_check_log(paths, experiment.experiment_id, task_id),
+                f"=== build ({plan.digest}) ===\n{reason}\n",
+            )
+            return BaseCheckRecord(
+                experiment_id=experiment.experiment_id, task=task_id, base_sha=task.base_sha,
+                grader_digest=experiment.grader_digest, base_passed=False,
+                base_counts=zero_counts(), reference_given=task.reference_patch is not None,
+                reference_passed=None, reference_counts=None, invalid=True, reason=reason,
+                checked_at=dt.datetime.now(dt.UTC), run_id=run_id, build_digest=plan.digest,
+            )  # fmt: skip
+        build_log = (
+            f"=== build ({plan.digest}, {built.duration_s:.1f}s"
+            f"{', cached' if not built.ran_now else ''}) ===\n"
+            f"{built.log.read_text(errors='replace')}\n"
+        )
     base = run_grader(
         experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env,
         settings=settings,
+        built=built,
     )  # fmt: skip
     reasons: list[str] = []
     if base.passed:
@@ -728,12 +852,13 @@ def check_base(
         ref = run_grader(
             experiment, task_id, task.reference_patch,
             label=f"reference-{task_id}", work_root=work_root, env_extra=env, settings=settings,
+            built=built,
         )  # fmt: skip
         if not ref.passed:
             reasons.append(
                 f"hidden tests fail on reference_patch ({ref.reason or _failing(ref.counts)})"
             )
-    log = f"=== base ({task.base_sha}) ===\n{base.output}"
+    log = f"{mask(build_log, experiment.canary)}=== base ({task.base_sha}) ===\n{base.output}"
     if ref is not None:
         log += f"\n=== reference_patch ===\n{ref.output}"
     write_atomic(base_check_log(paths, experiment.experiment_id, task_id), log)
@@ -754,4 +879,6 @@ def check_base(
         # What every trial's report must name: collected on base or on the reference patch.
         expected_tests=sorted({*base.collected, *(ref.collected if ref is not None else ())}),
         base_outcomes={t.test_id: t.outcome for t in base.tests},
+        build_digest=plan.digest if plan is not None else None,
+        build_s=round(built.duration_s if built.ran_now else 0.0, 3) if built else None,
     )

@@ -25,6 +25,11 @@ from the hidden tests directory, with an environment built from scratch:
 The ``args`` come from the experiment's grader command (the spec's author),
 never from the code under test.
 
+With an environment build (``$HANGAR_TEST_PYTHON``, set by the grader to the build's venv
+python), the same command runs in that interpreter instead, through ``runner_bootstrap.py``
+(``python -I ... runner_bootstrap.py <the pytest args>``): the repo's dependencies and the
+pinned pytest come from the build, the trusted plugins from hangar's read-only package dir.
+
 It runs inside the grader's sandbox and reads the ``HANGAR_`` variables the sandbox was
 given (the grader's contract, not operator settings), so it reads its environment itself
 (allowed in tests/test_settings_source.py).
@@ -35,6 +40,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 USAGE = "usage: hangar-grade pytest [pytest args]"
 REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
@@ -42,8 +48,10 @@ REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
 # A named list, not a HANGAR_* prefix, so nothing can smuggle a variable through by its name.
 _KEEP = (
     *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_GRADE_REPORT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
-    "HANGAR_EXPERIMENT", "HANGAR_PYTHONPATH", "PATH", "HOME", "LANG", "LC_ALL", "TZ",
+    "HANGAR_EXPERIMENT", "HANGAR_PYTHONPATH", "HANGAR_TEST_PYTHON", "PATH", "HOME", "LANG",
+    "LC_ALL", "TZ",
 )  # fmt: skip
+BOOTSTRAP = Path(__file__).with_name("runner_bootstrap.py")
 
 
 class UsageError(Exception):
@@ -71,8 +79,16 @@ def pytest_command(
     hidden = environ["HANGAR_HIDDEN_TESTS"]
     if not os.path.isdir(hidden):
         raise UsageError(f"hangar-grade: HANGAR_HIDDEN_TESTS={hidden!r} is not a directory")
+    python, start = sys.executable, ["-m", "pytest"]
+    if test_python := environ.get("HANGAR_TEST_PYTHON"):
+        if not os.path.isabs(test_python) or not os.access(test_python, os.X_OK):
+            raise UsageError(
+                f"hangar-grade: HANGAR_TEST_PYTHON={test_python!r} is not an executable "
+                "absolute path (the grader sets it to the environment build's venv python)"
+            )
+        python, start = test_python, [str(BOOTSTRAP)]
     argv = [
-        sys.executable, "-I", "-B", "--check-hash-based-pycs", "always", "-m", "pytest",
+        python, "-I", "-B", "--check-hash-based-pycs", "always", *start,
         "-p", "no:cacheprovider",
         "--noconftest",
         "-c", os.devnull,

@@ -2,6 +2,9 @@
 
 ``run_base_checks`` checks each task once per experiment (hidden tests must
 fail on the base and pass on the reference patch); a stored check is reused.
+It is also where environment builds run, before any trial starts: the
+experiment's (the check's own) and each variant's that differs, once per
+(environment, task base); a trial only builds when that cache is missing.
 ``run_grades`` grades the latest attempt of each trial key that has no grade
 yet, reading the trial's raw patch; a graded attempt keeps its grade. Both
 run concurrently up to the spec's ``parallel`` and store each result as it
@@ -14,18 +17,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hangar_dagster.environment.build import BuildFailed, ensure_build
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.grading.grader import (
     base_check_log,
+    build_settings,
     check_base,
+    check_environment,
     contamination_notes,
     grade_trial,
+    task_build,
 )
 from hangar_dagster.queue.drain import interrupted
 from hangar_dagster.queue.partitions import NO_TRIAL, plan_partitions
 from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, TrialRecord
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.trial import RAW_PATCH
 from hangar_dagster.util.background import concurrently
 from hangar_dagster.util.log import Log
@@ -46,15 +53,21 @@ def run_base_checks(
     run_id: str,
     tasks: Iterable[str],
     log: Log,
+    settings: Settings | None = None,
 ) -> dict[str, BaseCheckPartition]:
     """The base check of every task in ``tasks``, running those not checked yet."""
     wanted = list(tasks)
     done = store.base_checks(exp.experiment_id)
     todo = [t for t in wanted if t not in done]
     fresh: dict[str, BaseCheckRecord] = {}
-    for task, check in concurrently(
-        todo, lambda t: check_base(exp, t, run_id, paths), exp.spec.parallel
-    ):
+
+    def one(task: str) -> BaseCheckRecord:
+        check = check_base(exp, task, run_id, paths, settings)
+        if not check.invalid:
+            _prebuild_variants(exp, task, paths, settings, log)
+        return check
+
+    for task, check in concurrently(todo, one, exp.spec.parallel):
         store.put(check)
         fresh[task] = check
     out: dict[str, BaseCheckPartition] = {}
@@ -65,6 +78,26 @@ def run_base_checks(
         log_path = base_check_log(paths, exp.experiment_id, task)
         out[task] = BaseCheckPartition(task, check, reused=task not in fresh, log=log_path)
     return out
+
+
+def _prebuild_variants(
+    exp: ResolvedExperiment, task: str, paths: HangarPaths, settings: Settings | None, log: Log
+) -> None:
+    """Build each variant environment of ``task`` other than the experiment's, so its trials
+    find the cache; a failure here is left to the trials (infra_error / build, retried)."""
+    own = task_build(exp, task, check_environment(exp, task))
+    plans = {
+        p.key: p
+        for v in exp.variants.values()
+        if task in v.tasks and (p := task_build(exp, task, v.environment)) is not None
+    }
+    for key, plan in sorted(plans.items()):
+        if own is not None and key == own.key:
+            continue
+        try:
+            ensure_build(plan, build_settings(paths, settings))
+        except BuildFailed as err:
+            log.warning(f"task {task}: a variant's environment build failed: {err}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +116,7 @@ def run_grades(
     paths: HangarPaths,
     run_id: str,
     keys: Iterable[TrialKey],
+    settings: Settings | None = None,
 ) -> dict[TrialKey, GradePartition]:
     """Grade the latest attempt of each key in ``keys`` that has no grade yet."""
     latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
@@ -104,7 +138,7 @@ def run_grades(
 
     def one(trial: TrialRecord) -> GradeRecord:
         patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
-        grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths)
+        grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings)
         store.put(grade)
         for note in contamination_notes(grade):  # the experiment note and the audit entry
             store.put(note)

@@ -116,6 +116,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             context.run.run_id,
             context.partition_keys,
             context.log,
+            hangar.settings(),
         )
         _report(context, ((t, md.base_check_metadata(part)) for t, part in checked.items()))
 
@@ -185,7 +186,12 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     )
     def grades(context: dg.AssetExecutionContext, hangar: HangarResource) -> None:
         graded = run_grades(
-            exp, hangar.store(), hangar.paths, context.run.run_id, _trial_keys(context)
+            exp,
+            hangar.store(),
+            hangar.paths,
+            context.run.run_id,
+            _trial_keys(context),
+            hangar.settings(),
         )
         _report(
             context,

@@ -105,6 +105,9 @@ def base_check_metadata(part: BaseCheckPartition) -> Metadata:
             "reused": part.reused,
             "checked_in_run": _run(c.run_id),
             "log": dg.MetadataValue.path(str(part.log)),
+            # The environment build (absent without one): its digest and seconds to build.
+            "build_digest": c.build_digest,
+            "build_s": dg.MetadataValue.float(c.build_s) if c.build_s is not None else None,
         }
     )
 

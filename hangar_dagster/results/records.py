@@ -96,6 +96,10 @@ class BaseCheckRecord(Record):
     # Each hidden test's outcome on the unpatched base ({test id: TestOutcome}); None in checks
     # stored before it was recorded.
     base_outcomes: dict[str, str] | None = None
+    # The environment build the check ran with (environment/build.py): its digest and how long
+    # it took to build (0 when it was cached); its log is builds/<key>/build.log. None: no build.
+    build_digest: str | None = None
+    build_s: float | None = None
 
 
 class TrialRecord(Record):
@@ -137,6 +141,10 @@ class TrialRecord(Record):
     manifest: dict[str, Any]
     trace: dict[str, Any]
     artifacts_dir: str
+    # The environment build (environment/build.py): its digest, and what this attempt spent on
+    # it (building, waiting for another's build, or a cache hit); None without a build.
+    build_digest: str | None = None
+    build_s: float | None = None
 
 
 class GradeRecord(Record):

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hangar_dagster.environment.build import BuildFailed, ensure_build, plan_build
 from hangar_dagster.environment.egress import EgressError, EgressGrant, open_egress
 from hangar_dagster.environment.mirror import MirrorError
 from hangar_dagster.experiment.drift import (
@@ -146,6 +147,8 @@ class _Trial:
     secrets: list[str] = field(default_factory=list)  # secret values the agent was given
     harness_pins: dict[str, Any] | None = None  # the turn-1 fingerprint the pin set expects
     drift: Drift | None = None
+    build_digest: str | None = None
+    build_s: float | None = None  # what getting the build cost this attempt
 
 
 def _sandbox_env(task: ResolvedTask) -> dict[str, str]:
@@ -195,7 +198,7 @@ def _snapshot(repo: Path, git_dir: Path) -> str:
 
 
 def _prepare(
-    req: TrialRequest, work: Path, state: _Trial
+    req: TrialRequest, work: Path, state: _Trial, settings: Settings
 ) -> tuple[Sandbox, HarnessLock, Path, str]:
     exp, variant = req.experiment, req.experiment.variants[req.key.variant]
     task = exp.tasks[req.key.task]
@@ -236,26 +239,31 @@ def _prepare(
     except GitError as err:
         raise InfraError("clone", str(err)) from err
     base = task.base_sha
-    if environment.build:
-        for command in environment.build:
-            result = _shell(sandbox, command, repo, variant, task, req.cancel)
-            state.build_ran.append(command)
-            state.build_log += _log("build", command, result)
-            _drained(req)  # a build step the drain stopped did not fail
-            if result.timed_out or result.exit_code != 0:
-                raise InfraError(
-                    "build",
-                    f"build step {command!r} failed ({_log('build', command, result)[-500:]})",
-                )
+    plan = plan_build(environment, task.repo, task.base_sha, task.build)
+    if plan is not None:
+        # Built once per (environment, task base), normally by the base check; here only when
+        # the cache is missing (under the build's lock: concurrent trials build once).
+        state.build_digest = plan.digest
+        try:
+            built = ensure_build(plan, settings, req.cancel)
+        except BuildFailed as err:
+            state.build_log = err.tail
+            _drained(req)  # a build the drain stopped did not fail
+            raise InfraError("build", str(err)) from err
+        state.build_s = round(built.waited_s, 3)
+        state.build_ran = list(plan.environment_steps)
+        state.build_log = read_sandbox_file(built.log, LOG_LIMIT) or ""
+        built.copy_outputs(repo)
         # Build outputs are the environment's, not the agent's: diff against the built tree.
         base = _snapshot(repo, git_dir)
+        sandbox = built.sandbox(sandbox, repo)
     return sandbox, harness, git_dir, base
 
 
 def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -> None:
     variant = req.experiment.variants[req.key.variant]
     _drained(req)
-    sandbox, harness, git_dir, base = _prepare(req, work, state)
+    sandbox, harness, git_dir, base = _prepare(req, work, state, settings)
     _drained(req)
     egress_log = work / "agent" / EGRESS_NAME
     try:
@@ -559,5 +567,7 @@ def run_trial(req: TrialRequest, settings: Settings) -> tuple[TrialRecord, str]:
         manifest=manifest,
         trace=trace,
         artifacts_dir=str(art),
+        build_digest=state.build_digest,
+        build_s=state.build_s,
     )
     return record, state.patch

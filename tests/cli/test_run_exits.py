@@ -131,7 +131,13 @@ def test_a_run_stopped_by_the_breaker_exits_incomplete_and_says_why(
 ) -> None:
     home = tmp_path / "home"
     spec = command_agent_spec(example_dir, tmp_path, "broken-build", "true")
-    spec["environment"] = {**spec.get("environment", {}), "build": ["false"]}  # infra_error / build
+    # A variant's own build that fails: its trials end infra_error / build. (A failing build of
+    # the experiment's environment fails the base check twice the same way: the task is invalid
+    # and no trial starts.) Builds install the pinned runner through the package mirror.
+    spec["variants"]["broken-build"]["environment"] = {
+        **spec.get("environment", {}),
+        "build": ["false"],
+    }
     ran = hangar(
         "experiment",
         "run",

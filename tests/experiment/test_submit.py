@@ -59,6 +59,22 @@ def test_a_second_submit_gets_a_fresh_canary_but_the_same_pins(
     assert {v.pin_set for v in a.variants.values()} == {v.pin_set for v in b.variants.values()}
 
 
+def test_a_tasks_own_build_is_resolved_and_moves_the_pins_of_its_variants(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    plain = submit(example_dir / "experiment.yaml", Settings.from_env())
+    spec = edited_spec(example_dir, tmp_path, {"tasks.0.build": ["pip install six==1.16.0"]})
+    built = submit(spec, Settings.from_env())
+    first = next(iter(built.tasks))
+    assert built.tasks[first].build == ("pip install six==1.16.0",)
+    assert all(t.build == () for t in plain.tasks.values())
+    for name, variant in built.variants.items():
+        moved = first in variant.tasks
+        assert (variant.environment_digest != plain.variants[name].environment_digest) == moved
+        assert (variant.pin_set != plain.variants[name].pin_set) == moved
+    assert load_resolved(paths(), built.experiment_id) == built
+
+
 @pytest.mark.parametrize(
     "edit,path",
     [

@@ -50,8 +50,9 @@ def experiment(
     canary: str | None = None,
     environment: dict[str, Any] | None = None,
 ) -> ResolvedExperiment:
-    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, ...}});
-    ``environment``: the spec's (e.g. ``{"sandbox": "docker", "image": ...}``)."""
+    """A ResolvedExperiment over ``tasks`` ({id: {repo, base_sha, hidden_files, build, ...}});
+    ``environment``: the spec's (and the variant's) environment (e.g. ``{"sandbox": "docker",
+    "image": ...}``)."""
     grader_spec = {
         "command": "hangar-grade pytest -q",
         "timeout_s": 120,
@@ -67,7 +68,7 @@ def experiment(
             ],
             "variants": {"v1": {"harness_lock": LOCK}},
             "grader": grader_spec,
-            **({"environment": environment} if environment else {}),
+            **({"environment": environment} if environment is not None else {}),
         }
     )
     resolved = {
@@ -79,6 +80,7 @@ def experiment(
             verify=None,
             reference_patch=t.get("reference_patch"),
             hidden_files=t["hidden_files"],
+            build=tuple(t.get("build", ())),
         )
         for tid, t in tasks.items()
     }
@@ -89,7 +91,7 @@ def experiment(
         harness_path="/nonexistent",
         adapter="standin",
         model="standin-2025-01-01",
-        environment=spec.environment if environment else Environment(),
+        environment=spec.environment if environment is not None else Environment(),
         environment_digest="sha256:" + "c" * 64,
         tasks=tuple(tasks),
         pin_set="pin-" + "0" * 20,

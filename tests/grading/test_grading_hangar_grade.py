@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from grading_builders import BUGGY, write
 
-from hangar_dagster.grading.hangar_grade import main, pytest_command
+from hangar_dagster.environment.build import base_python, runner_requirement
+from hangar_dagster.grading.crosscheck import parse_reporter
+from hangar_dagster.grading.hangar_grade import BOOTSTRAP, UsageError, main, pytest_command
 from hangar_dagster.grading.junit import parse_junit
+from tests.buildfixtures import wheelhouse
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +161,74 @@ def test_real_run_passes_a_fixed_repo(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert parse_junit(tmp_path / "out" / "junit.xml").counts["passed"] == 2
+
+
+def test_a_build_python_runs_pytest_through_the_bootstrap(tmp_path: Path) -> None:
+    (tmp_path / "hidden").mkdir()
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    environ = {**env_for(tmp_path), "HANGAR_TEST_PYTHON": str(python)}
+    argv, env, _ = pytest_command(["-q"], environ)
+    assert argv[:6] == [
+        str(python),
+        "-I",
+        "-B",
+        "--check-hash-based-pycs",
+        "always",
+        str(BOOTSTRAP),
+    ]
+    plain, _, _ = pytest_command(["-q"], env_for(tmp_path))
+    assert argv[6:] == plain[7:]  # the same isolation flags, plugins and args after the script
+    assert env["HANGAR_TEST_PYTHON"] == str(python)
+    for bad in ("python", str(tmp_path / "missing")):
+        with pytest.raises(UsageError, match="HANGAR_TEST_PYTHON"):
+            pytest_command([], {**env_for(tmp_path), "HANGAR_TEST_PYTHON": bad})
+
+
+def test_real_run_in_a_venv_without_hangar_loads_the_trusted_plugins(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A build's venv: the base interpreter, pytest, no pydantic, no hangar_dagster.
+    venv = tmp_path / "venv"
+    subprocess.run([str(base_python()), "-m", "venv", str(venv)], check=True, timeout=300)
+    wheels = wheelhouse(tmp_path_factory)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+         "--find-links", str(wheels), runner_requirement()],
+        check=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PIP_CONFIG_FILE": "/dev/null"},
+    )  # fmt: skip
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", "import pydantic"]).returncode
+    env = layout(tmp_path, False)
+    write(
+        tmp_path / "hidden",
+        {
+            "test_where.py": (
+                "import sys\n\n\ndef test_runs_in_the_build_venv():\n"
+                f"    assert sys.prefix == {str(venv)!r}\n"
+                "    assert 'pydantic' not in sys.modules\n"
+                "    assert not any('site-packages' in p and p.startswith(sys.base_prefix)"
+                " for p in sys.path)\n"
+            )
+        },
+    )
+    env = {
+        **env, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+        "HANGAR_TEST_PYTHON": str(venv / "bin" / "python"),
+        "HANGAR_GRADE_REPORT": str(tmp_path / "out" / "report.jsonl"),
+    }  # fmt: skip
+    (tmp_path / "out" / "report.jsonl").touch()  # the grader's pipe, here a file
+    proc = subprocess.run(
+        [str(HANGAR_GRADE), "pytest", "-q"], cwd=tmp_path / "repo", env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert dict(parse_junit(tmp_path / "out" / "junit.xml").cases) == {
+        "test_calc_hidden::test_add": "failed",
+        "test_calc_hidden::test_nothing_ran_before_pytest": "passed",
+        "test_where::test_runs_in_the_build_venv": "passed",
+    }
+    # The trusted reporter loaded in the venv's interpreter: its stream starts and ends.
+    stream = parse_reporter((tmp_path / "out" / "report.jsonl").read_bytes())
+    assert stream.start is not None and stream.ended and not stream.tamper
+    assert sorted(stream.calls) == sorted(dict(parse_junit(tmp_path / "out" / "junit.xml").cases))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hangar_dagster.environment import build
 from hangar_dagster.environment.egress import egress_lines
 from hangar_dagster.environment.mirror import Mirror
 from hangar_dagster.experiment.harness import freeze
@@ -26,9 +27,11 @@ from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import MASK
 from hangar_dagster.trials.trial import TrialRequest, run_trial
+from tests.buildfixtures import local_index
 from tests.gitfixtures import Upstream
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
+__all__ = ["local_index"]  # the fixture: builds install from a local wheel index (buildfixtures)
 
 CANARY = "HANGAR-CANARY-0123456789abcdef0123456789abcdef"
 FIX = "sed -i 's/a - b/a + b/' calc.py"
@@ -269,7 +272,7 @@ def test_timeout(tmp_path: Path, upstream: Upstream, paths: HangarPaths) -> None
 
 
 def test_build_output_is_not_part_of_the_patch(
-    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths, local_index: Path
 ) -> None:
     env: dict[str, Any] = {"build": ["echo built > build.txt"]}
     record, patch = trial(
@@ -278,6 +281,26 @@ def test_build_output_is_not_part_of_the_patch(
     assert record.outcome_class == "completed", record.error
     assert record.changed_files == ["calc.py"]
     assert "build: exit 0" in (Path(record.artifacts_dir) / "build.log").read_text()
+
+
+def test_trials_of_one_task_share_one_build_and_the_agent_runs_in_its_venv(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths, local_index: Path
+) -> None:
+    env: dict[str, Any] = {"build": ["echo built > build.txt"]}
+    # The agent's python is the build's venv (VIRTUAL_ENV set, first on PATH), and the clone
+    # is also at the build's repo path, where an editable install points.
+    agent = (
+        'test "$(command -v python)" = "$VIRTUAL_ENV/bin/python" && '
+        'test -f "$(dirname "$VIRTUAL_ENV")/repo/build.txt" && ' + FIX
+    )
+    exp = experiment(tmp_path, upstream, agent, environment=env)
+    first, _ = trial(exp, paths, attempt=1)
+    second, _ = trial(exp, paths, attempt=2)
+    assert first.outcome_class == second.outcome_class == "completed", (first.error, second.error)
+    assert first.build_digest == second.build_digest and first.build_digest
+    key = first.build_digest.removeprefix("sha256:")[:24]
+    assert build.BUILDS_RUN[key] == 1  # the second trial found the cache
+    assert second.build_s is not None and second.build_s < 1.0
 
 
 @pytest.mark.parametrize(
@@ -297,6 +320,7 @@ def test_infra_errors_are_records(
     upstream: Upstream,
     paths: HangarPaths,
     monkeypatch: pytest.MonkeyPatch,
+    local_index: Path,
 ) -> None:
     environment: dict[str, Any] | None = None
     if setup == "egress":
