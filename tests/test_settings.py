@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from pathlib import Path
@@ -150,6 +151,26 @@ def test_the_resource_gives_back_the_settings_it_was_built_from(tmp_path: Path) 
     back = HangarResource.from_settings(settings).settings()
     assert back == settings
     assert back.window.is_open(dt.datetime(2027, 1, 1, 21, tzinfo=dt.UTC))
+
+
+def test_every_setting_a_run_reads_reaches_it_through_the_resource(tmp_path: Path) -> None:
+    # Regression: HANGAR_PACKAGE_MIRROR_URL was read by the CLI but dropped by the resource, so
+    # trials in a Dagster run started hangar's own mirror instead of the operator's.
+    cli_only = {"harness_repo", "webserver_url"}  # read by CLI commands, never by a run
+    settings = Settings.from_env(
+        {
+            "HANGAR_HOME": str(tmp_path),
+            "HANGAR_PACKAGE_MIRROR_URL": "http://mirror.example:3141/root/pypi/+simple/",
+            "HANGAR_AGENT_BIN_DIR": "/bin",
+        }
+    )
+    resource_fields = set(HangarResource.model_fields)
+    for f in dataclasses.fields(Settings):
+        if f.name in cli_only:
+            continue
+        assert f.name in resource_fields, f"Settings.{f.name} does not reach a run's resource"
+    back = HangarResource.from_settings(settings).settings()
+    assert back.package_mirror_url == settings.package_mirror_url
 
 
 def test_the_operations_table_names_every_variable() -> None:

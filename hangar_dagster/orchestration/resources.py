@@ -34,6 +34,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     anthropic_api_key: str | None = None  # an EnvVar (from_settings), never a plain value
     openai_api_key: str | None = None
     agent_bin_dir: str | None = None
+    package_mirror_url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HangarResource:
@@ -53,6 +54,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             anthropic_api_key=dg.EnvVar(ANTHROPIC_KEY_VAR) if settings.anthropic_api_key else None,
             openai_api_key=dg.EnvVar(OPENAI_KEY_VAR) if settings.openai_api_key else None,
             agent_bin_dir=settings.agent_bin_dir,
+            package_mirror_url=settings.package_mirror_url,
         )
 
     def settings(self) -> Settings:
@@ -74,6 +76,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             anthropic_api_key=self.anthropic_api_key,
             openai_api_key=self.openai_api_key,
             agent_bin_dir=self.agent_bin_dir,
+            package_mirror_url=self.package_mirror_url,
         )
 
     @property

@@ -131,20 +131,20 @@ def test_a_run_stopped_by_the_breaker_exits_incomplete_and_says_why(
 ) -> None:
     home = tmp_path / "home"
     spec = command_agent_spec(example_dir, tmp_path, "broken-build", "true")
-    # A variant's own build that fails: its trials end infra_error / build. (A failing build of
-    # the experiment's environment fails the base check twice the same way: the task is invalid
-    # and no trial starts.) Builds install the pinned runner through the package mirror.
-    spec["variants"]["broken-build"]["environment"] = {
-        **spec.get("environment", {}),
-        "build": ["false"],
-    }
+    # Every trial ends infra_error / egress_unsupported: the environment's default egress
+    # (allowlist) needs the package mirror, and the one named is no package index. The base
+    # check needs none (grader network none, no build), so it passes and the trial starts.
+    spec["environment"] = {**spec.get("environment", {}), "egress": {"mode": "allowlist"}}
     ran = hangar(
         "experiment",
         "run",
         str(write_spec(example_dir, spec)),
         "--wait",
         home=home,
-        env={"HANGAR_OUTAGE_BREAKER_STREAK": "1"},
+        env={
+            "HANGAR_OUTAGE_BREAKER_STREAK": "1",
+            "HANGAR_PACKAGE_MIRROR_URL": "ftp://mirror.invalid/simple/",
+        },
     )
     said = " ".join(ran.stderr.split())
     assert ran.returncode == 3, ran.stdout + ran.stderr
