@@ -288,16 +288,79 @@ def export_cmd(
         Path, typer.Option("-o", "--out", help="Folder to write index.json and trials/ into.")
     ],
 ) -> None:
-    """Write index.json and each trial's manifest.json and trace.json (canary masked)."""
+    """Write index.json, each trial's manifest.json and trace.json, and the report (canary masked)."""
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.results.export import export_experiment
+    from hangar_dagster.results.report import build_report
 
     p = paths()
     record = find_experiment(p, name_or_id)
+    exp = load_resolved(p, record.experiment_id)
+    store = store_of(p)
     target = export_experiment(
-        store_of(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary
+        store, record.experiment_id, out, exp.canary, report=build_report(exp, store)
     )
     console.print(f"exported {record.experiment_id} to {target}")
+
+
+@app.command("report")
+def report_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="Folder for report.md, report.html and figure.png."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print every figure of the report as JSON.")
+    ] = False,
+) -> None:
+    """Write the report: question, picture, five lines per variant, health, failed rows."""
+    from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.results.report import build_report, to_json, write_report
+    from hangar_dagster.trials.redact import redact
+
+    p = paths()
+    record = _found(p, name_or_id, as_json)
+    exp = load_resolved(p, record.experiment_id)
+    report = build_report(exp, store_of(p))
+    target = out if out is not None else p.experiment_dir(record.experiment_id) / "report"
+    written = write_report(report, target, exp.canary)
+    if as_json:
+        data = to_json(report) | {
+            "files": {
+                "markdown": str(written.markdown),
+                "html": str(written.html),
+                "figure": str(written.figure),
+            }
+        }
+        print(json.dumps(redact(data, exp.canary), indent=2))
+        return
+    for v in report.variants:
+        console.print(f"[bold]{escape(v.name)}[/]" + (" (baseline)" if v.is_baseline else ""))
+        for word, line in v.lines.items():
+            console.print(f"  {word}: {escape(str(redact(line, exp.canary)))}")
+    for line in report.readback:
+        console.print(f"[yellow]readback:[/] {escape(line)}")
+    console.print(f"wrote {written.markdown}, {written.html.name} and {written.figure.name}")
+
+
+def _found(p: HangarPaths, name_or_id: str, as_json: bool) -> Any:
+    """The experiment; with --json an unknown one is a JSON error on stdout (exit 2)."""
+    if not as_json:
+        return find_experiment(p, name_or_id)
+    record = store_of(p).find_experiment(name_or_id)
+    if record is None:
+        print(
+            json.dumps(
+                {
+                    "error": f"no experiment {name_or_id!r} under {p.home}",
+                    "fix": "`hangar experiment list` shows the experiments; "
+                    "`hangar experiment run SPEC` submits one",
+                }
+            )
+        )
+        raise typer.Exit(2)
+    return record
 
 
 @app.command("list")

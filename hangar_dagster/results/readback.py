@@ -120,7 +120,7 @@ def _arm_lines(arm: Arm, page: Page) -> list[str]:
                 if arm.mde_pts is None or arm.mde_pts >= 100
                 else f"detect only {arm.mde_pts:.1f} pts"
             )
-            design = f"{arm.n_tasks} task(s) x {arm.trials_per_task or 0:g} trial(s)"
+            design = f"{arm.n_tasks} task(s) x {arm.trials_per_task or 0:.3g} trial(s)"
             more = (
                 f"run {arm.tasks_needed} tasks" if arm.tasks_needed else "run far more tasks"
             ) + (f", or {arm.trials_needed} trials per task" if arm.trials_needed else "")
