@@ -316,14 +316,14 @@ def report_cmd(
 ) -> None:
     """Write the report: question, picture, five lines per variant, health, failed rows."""
     from hangar_dagster.experiment.submit import load_resolved
-    from hangar_dagster.results.report import build_report, to_json, write_report
+    from hangar_dagster.results.report import build_report, report_dir, to_json, write_report
     from hangar_dagster.trials.redact import redact
 
     p = paths()
     record = _found(p, name_or_id, as_json)
     exp = load_resolved(p, record.experiment_id)
     report = build_report(exp, store_of(p))
-    target = out if out is not None else p.experiment_dir(record.experiment_id) / "report"
+    target = out if out is not None else report_dir(p, record.experiment_id)
     written = write_report(report, target, exp.canary)
     if as_json:
         data = to_json(report) | {

@@ -25,6 +25,7 @@ from hangar_dagster.results import stats
 from hangar_dagster.results.readback import Arm, Number, Page, readback
 from hangar_dagster.results.records import GradeRecord, GradeTestRecord, PinSetRecord, TrialRecord
 from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths
 from hangar_dagster.trials.redact import redact
 
 MAX_FLIPS = 5  # per kind in a Why line; the JSON carries all of them
@@ -845,6 +846,11 @@ def to_json(report: Report) -> dict[str, Any]:
         raw["power_label"] = v.power.label if v.power else None
     out: dict[str, Any] = json.loads(json.dumps(data, default=str))
     return out
+
+
+def report_dir(paths: HangarPaths, experiment_id: str) -> Path:
+    """Where the index stage and `hangar experiment report` write the report by default."""
+    return paths.experiment_dir(experiment_id) / "report"
 
 
 @dataclass(frozen=True)
