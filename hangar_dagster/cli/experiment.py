@@ -87,6 +87,16 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     _drive(settings, exp)
 
 
+def _print_headline(report: Any, canary: str) -> None:
+    """Points with interval and n, the paired difference, invalid tasks, the readback."""
+    from hangar_dagster.results.summary import headline
+    from hangar_dagster.trials.redact import redact
+
+    for line in headline(report):
+        style = "yellow" if line.startswith(("readback:", "invalid tasks")) else "bold"
+        console.print(f"[{style}]{escape(str(redact(line, canary)))}[/]")
+
+
 def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
     from hangar_dagster.experiment.catalog import read_archived
 
@@ -110,6 +120,7 @@ def _drive(settings: Settings, exp: Any) -> None:
     import datetime as dt
 
     from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
+    from hangar_dagster.results.report import build_report
     from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
@@ -135,6 +146,7 @@ def _drive(settings: Settings, exp: Any) -> None:
         raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
     console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})"))
+    _print_headline(build_report(exp, store), exp.canary)
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
     where_next(p, eid)
@@ -158,13 +170,16 @@ def get_cmd(
     from hangar_dagster.experiment.catalog import read_archived
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.queue.starts import waiting_grades_note
+    from hangar_dagster.results.report import build_report, to_json
     from hangar_dagster.trials.redact import redact
 
     p = paths()
-    record = find_experiment(p, name_or_id)
+    record = _found(p, name_or_id, as_json)
     store = store_of(p)
-    canary = load_resolved(p, record.experiment_id).canary
+    exp = load_resolved(p, record.experiment_id)
+    canary = exp.canary
     archived = read_archived(p, record.experiment_id)
+    report = build_report(exp, store)
     out = {
         "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
         "archived": None if archived is None else archived.model_dump(mode="json"),
@@ -178,7 +193,8 @@ def get_cmd(
         "trials": store.index(record.experiment_id),
         "attempts": _attempts(store.trials(record.experiment_id, all_attempts=True)),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
-        "queue": _queue_state(load_resolved(p, record.experiment_id), store, archived is not None),
+        "queue": _queue_state(exp, store, archived is not None),
+        "report": to_json(report),
     }
     out = redact(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
@@ -199,6 +215,7 @@ def get_cmd(
         state = f"[red]invalid: {check['reason']}[/]" if check["invalid"] else "ok (fails on base)"
         console.print(f"  base check {task}: {state}")
     console.print(summary_table(out["summary"], "summary"))
+    _print_headline(report, canary)
     table = Table(title="trials (highest attempt per key)")
     for col in ("trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s"):
         table.add_column(col)
@@ -216,6 +233,8 @@ def get_cmd(
             f"{row.get('duration_s', 0):.1f}",
         )
     console.print(table)
+    for row in report.failed:  # worst first, each with the grader's or the trial's reason
+        console.print(escape(f"  failed {row.trial_key}: {redact(row.why, canary)}"))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for a in out["attempts"]:
         by_key.setdefault(a["trial_key"], []).append(a)

@@ -62,3 +62,29 @@ def test_export_includes_the_report(example_dir: Path, hangar_home: Path, tmp_pa
     report = json.loads((out / "report.json").read_text())
     assert {v["name"] for v in report["variants"]} == {"plain", "skill"}
     assert exp.canary not in (out / "report.html").read_text()
+
+
+def test_get_shows_points_with_interval_and_n_the_difference_and_invalid_tasks(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp, _ = stored(spec_file(example_dir, "cli-get"), invalid={"durations": "passes on base"})
+    done = hangar("experiment", "get", exp.experiment_id, home=hangar_home)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "plain (baseline): 50.0 pts (95% CI " in text and "2 tasks, 6 trials" in text
+    assert "skill: 83.3 pts (95% CI " in text
+    assert "vs plain +33.3 pts (95% CI " in text and ": undecided" in text
+    assert "invalid tasks, left out of every rate: durations (passes on base)" in text
+    assert "readback: task durations is invalid (passes on base)" in text
+    # a failed grade's reason, worst first
+    assert "failed plain/slugify/2: 1 hidden test(s) failed: test_slugify.py::test_1 " in text
+    data = json.loads(
+        hangar("experiment", "get", exp.experiment_id, "--json", home=hangar_home).stdout
+    )
+    skill = next(v for v in data["report"]["variants"] if v["name"] == "skill")
+    assert skill["rate"]["n_tasks"] == 2 and skill["difference"]["n_tasks"] == 2
+
+
+def test_get_json_of_an_unknown_experiment_is_json(hangar_home: Path) -> None:
+    done = hangar("experiment", "get", "no-such", "--json", home=hangar_home)
+    assert done.returncode == 2 and "no experiment" in json.loads(done.stdout)["error"]
