@@ -87,6 +87,15 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     _drive(settings, exp)
 
 
+def _intervals(report: Any) -> dict[str, str]:
+    """Variant -> its rate's 95% interval and n, for the summary table."""
+    return {
+        v.name: f"{v.rate.low_pts:.1f}-{v.rate.high_pts:.1f}; {v.rate.n_tasks}, {v.rate.n_trials}"
+        for v in report.variants
+        if v.rate is not None
+    }
+
+
 def _print_headline(report: Any, canary: str) -> None:
     """Points with interval and n, the paired difference, invalid tasks, the readback."""
     from hangar_dagster.results.summary import headline
@@ -145,8 +154,9 @@ def _drive(settings: Settings, exp: Any) -> None:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
-    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})"))
-    _print_headline(build_report(exp, store), exp.canary)
+    report = build_report(exp, store)
+    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})", _intervals(report)))
+    _print_headline(report, exp.canary)
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
     where_next(p, eid)
@@ -214,7 +224,7 @@ def get_cmd(
     for task, check in out["base_checks"].items():
         state = f"[red]invalid: {check['reason']}[/]" if check["invalid"] else "ok (fails on base)"
         console.print(f"  base check {task}: {state}")
-    console.print(summary_table(out["summary"], "summary"))
+    console.print(summary_table(out["summary"], "summary", _intervals(report)))
     _print_headline(report, canary)
     table = Table(title="trials (highest attempt per key)")
     for col in ("trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s"):

@@ -71,6 +71,7 @@ def test_get_shows_points_with_interval_and_n_the_difference_and_invalid_tasks(
     done = hangar("experiment", "get", exp.experiment_id, home=hangar_home)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
+    assert "95% CI (pts; tasks, trials)" in text  # the summary table carries the interval
     assert "plain (baseline): 50.0 pts (95% CI " in text and "2 tasks, 6 trials" in text
     assert "skill: 83.3 pts (95% CI " in text
     assert "vs plain +33.3 pts (95% CI " in text and ": undecided" in text
