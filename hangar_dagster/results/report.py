@@ -274,13 +274,18 @@ def _cli(s: Mapping[str, Any]) -> str:
     return f"{cli} {s['cli_version']}" if s["cli_version"] else str(cli)
 
 
-def _changed(words: str | None, mine: Mapping[str, Any], base: Mapping[str, Any] | None) -> str:
+def _changed(
+    words: str | None,
+    mine: Mapping[str, Any],
+    base: Mapping[str, Any] | None,
+    role: str = "The baseline: ",
+) -> str:
+    """The spec's words, then what the locks changed against the baseline's (``base``); with
+    no ``base``, what this variant runs, after ``role``."""
     lead = f"{words}. " if words else ""
     if base is None:
-        return (
-            f"{lead}The baseline: model {mine['model']}, {_cli(mine)}, "
-            f"harness {mine['harness']}"
-            + (f", skills {', '.join(mine['skills'])}" if mine["skills"] else "")
+        return f"{lead}{role}model {mine['model']}, {_cli(mine)}, harness {mine['harness']}" + (
+            f", skills {', '.join(mine['skills'])}" if mine["skills"] else ""
         )
     diffs = []
     if mine["model"] != base["model"]:
@@ -517,9 +522,9 @@ def build_report(exp: ResolvedExperiment, store: Store) -> Report:
             if baseline is None:
                 verdict, learned = None, "undecided: no baseline to compare with (`baseline:`)"
             lines = FiveLines(
-                changed=_changed(words, setups[name], setups[baseline] if baseline else None)
+                changed=_changed(words, setups[name], setups[baseline])
                 if baseline
-                else _changed(words, setups[name], None).replace("The baseline: ", ""),
+                else _changed(words, setups[name], None, role=""),
                 moved=_moved(rate, base_rate, d, baseline),
                 why=_why_line(tflips, hflips, rows, baseline, name)
                 if baseline

@@ -132,6 +132,9 @@ def test_without_question_or_baseline_the_report_says_so(
         "(one of plain, skill)",
     )
     assert all(v.difference is None and v.verdict is None for v in report.variants)
+    changed = report.variant("skill").lines.changed
+    assert changed.startswith("adds the general-fix skill. model standin-scripted-2026-01-01, ")
+    assert "hangar-standin 0.1.0" in changed and "skills general-fix" in changed
     md = to_markdown(report)
     assert "**Question:** no question: say what the experiment asks" in md
     assert "undecided: no baseline to compare with" in md
@@ -241,3 +244,14 @@ def test_the_json_carries_every_figure(example_dir: Path, hangar_home: Path) -> 
     assert skill["power"]["tasks_needed"] > 3 and skill["health"]["passed"] == 7
     assert len(skill["task_flips"]) == 3 and data["readback"]
     assert sum(len(t) for t in DEMO["skill"].values()) == skill["health"]["trials"]
+
+
+def test_against_the_skill_as_baseline_the_plain_variant_removes_it(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp, store = stored(spec_file(example_dir, "reverse", {"baseline": "skill"}))
+    report = build_report(exp, store)
+    plain = report.variant("plain")
+    assert "skills removed: general-fix" in plain.lines.changed
+    assert plain.difference is not None and round(plain.difference.pts, 1) == -33.3
+    assert plain.lines.why.startswith("tasks broken: ")  # failures first
