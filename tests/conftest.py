@@ -187,6 +187,7 @@ def command_agent_spec(
         (src / rel).write_text(text)
     lock = freeze(src, tmp_path / "registry")
     spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.pop("baseline", None)  # the example's baseline names a variant this spec replaces
     spec.update(
         name=name,
         harness_repo=str(tmp_path / "registry"),

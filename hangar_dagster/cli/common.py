@@ -35,7 +35,11 @@ def find_experiment(p: HangarPaths, name_or_id: str) -> Any:
     return record
 
 
-def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
+def summary_table(
+    summary: list[dict[str, Any]], title: str, intervals: dict[str, str] | None = None
+) -> Table:
+    """The variant_summary rows; ``intervals`` (variant -> the report's 95% CI and n) adds the
+    interval beside each pass rate, so no bare number is shown as a finding."""
     table = Table(
         title=title, caption="execution failures are retried and left out; see docs/queue.md"
     )
@@ -44,6 +48,7 @@ def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
         "trials",
         "passed",
         "pass rate (pts)",
+        *(("95% CI (pts; tasks, trials)",) if intervals is not None else ()),
         "admissible",
         "execution failures",
         "evidence failures",
@@ -56,6 +61,7 @@ def summary_table(summary: list[dict[str, Any]], title: str) -> Table:
             str(row["trials"]),
             str(row["passed"]),
             f"{row['pass_rate_pts']}",
+            *((intervals.get(row["variant"], "-"),) if intervals is not None else ()),
             str(row["admissible"]),
             str(row["execution_failures"]),
             str(row["evidence_failures"]),

@@ -87,6 +87,25 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     _drive(settings, exp)
 
 
+def _intervals(report: Any) -> dict[str, str]:
+    """Variant -> its rate's 95% interval and n, for the summary table."""
+    return {
+        v.name: f"{v.rate.low_pts:.1f}-{v.rate.high_pts:.1f}; {v.rate.n_tasks}, {v.rate.n_trials}"
+        for v in report.variants
+        if v.rate is not None
+    }
+
+
+def _print_headline(report: Any, canary: str) -> None:
+    """Points with interval and n, the paired difference, invalid tasks, the readback."""
+    from hangar_dagster.results.summary import headline
+    from hangar_dagster.trials.redact import redact
+
+    for line in headline(report):
+        style = "yellow" if line.startswith(("readback:", "invalid tasks")) else "bold"
+        console.print(f"[{style}]{escape(str(redact(line, canary)))}[/]")
+
+
 def _refuse_if_archived(p: HangarPaths, experiment_id: str, what: str) -> None:
     from hangar_dagster.experiment.catalog import read_archived
 
@@ -110,6 +129,7 @@ def _drive(settings: Settings, exp: Any) -> None:
     import datetime as dt
 
     from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
+    from hangar_dagster.results.report import build_report
     from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
@@ -134,7 +154,9 @@ def _drive(settings: Settings, exp: Any) -> None:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
-    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})"))
+    report = build_report(exp, store)
+    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})", _intervals(report)))
+    _print_headline(report, exp.canary)
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
     where_next(p, eid)
@@ -158,13 +180,16 @@ def get_cmd(
     from hangar_dagster.experiment.catalog import read_archived
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.queue.starts import waiting_grades_note
+    from hangar_dagster.results.report import build_report, to_json
     from hangar_dagster.trials.redact import redact
 
     p = paths()
-    record = find_experiment(p, name_or_id)
+    record = _found(p, name_or_id, as_json)
     store = store_of(p)
-    canary = load_resolved(p, record.experiment_id).canary
+    exp = load_resolved(p, record.experiment_id)
+    canary = exp.canary
     archived = read_archived(p, record.experiment_id)
+    report = build_report(exp, store)
     out = {
         "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
         "archived": None if archived is None else archived.model_dump(mode="json"),
@@ -178,7 +203,8 @@ def get_cmd(
         "trials": store.index(record.experiment_id),
         "attempts": _attempts(store.trials(record.experiment_id, all_attempts=True)),
         "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
-        "queue": _queue_state(load_resolved(p, record.experiment_id), store, archived is not None),
+        "queue": _queue_state(exp, store, archived is not None),
+        "report": to_json(report),
     }
     out = redact(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
@@ -202,7 +228,8 @@ def get_cmd(
     for task, check in out["base_checks"].items():
         state = f"[red]invalid: {check['reason']}[/]" if check["invalid"] else "ok (fails on base)"
         console.print(f"  base check {task}: {state}")
-    console.print(summary_table(out["summary"], "summary"))
+    console.print(summary_table(out["summary"], "summary", _intervals(report)))
+    _print_headline(report, canary)
     table = Table(title="trials (highest attempt per key)")
     for col in ("trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s"):
         table.add_column(col)
@@ -220,6 +247,8 @@ def get_cmd(
             f"{row.get('duration_s', 0):.1f}",
         )
     console.print(table)
+    for row in report.failed:  # worst first, each with the grader's or the trial's reason
+        console.print(escape(f"  failed {row.trial_key}: {redact(row.why, canary)}"))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for a in out["attempts"]:
         by_key.setdefault(a["trial_key"], []).append(a)
@@ -292,16 +321,79 @@ def export_cmd(
         Path, typer.Option("-o", "--out", help="Folder to write index.json and trials/ into.")
     ],
 ) -> None:
-    """Write index.json and each trial's manifest.json and trace.json (canary masked)."""
+    """Write index.json, each trial's manifest.json and trace.json, and the report (canary masked)."""
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.results.export import export_experiment
+    from hangar_dagster.results.report import build_report
 
     p = paths()
     record = find_experiment(p, name_or_id)
+    exp = load_resolved(p, record.experiment_id)
+    store = store_of(p)
     target = export_experiment(
-        store_of(p), record.experiment_id, out, load_resolved(p, record.experiment_id).canary
+        store, record.experiment_id, out, exp.canary, report=build_report(exp, store)
     )
     console.print(f"exported {record.experiment_id} to {target}")
+
+
+@app.command("report")
+def report_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="Folder for report.md, report.html and figure.png."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print every figure of the report as JSON.")
+    ] = False,
+) -> None:
+    """Write the report: question, picture, five lines per variant, health, failed rows."""
+    from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.results.report import build_report, report_dir, to_json, write_report
+    from hangar_dagster.trials.redact import redact
+
+    p = paths()
+    record = _found(p, name_or_id, as_json)
+    exp = load_resolved(p, record.experiment_id)
+    report = build_report(exp, store_of(p))
+    target = out if out is not None else report_dir(p, record.experiment_id)
+    written = write_report(report, target, exp.canary)
+    if as_json:
+        data = to_json(report) | {
+            "files": {
+                "markdown": str(written.markdown),
+                "html": str(written.html),
+                "figure": str(written.figure),
+            }
+        }
+        print(json.dumps(redact(data, exp.canary), indent=2))
+        return
+    for v in report.variants:
+        console.print(f"[bold]{escape(v.name)}[/]" + (" (baseline)" if v.is_baseline else ""))
+        for word, line in v.lines.items():
+            console.print(f"  {word}: {escape(str(redact(line, exp.canary)))}")
+    for line in report.readback:
+        console.print(f"[yellow]readback:[/] {escape(line)}")
+    console.print(f"wrote {written.markdown}, {written.html.name} and {written.figure.name}")
+
+
+def _found(p: HangarPaths, name_or_id: str, as_json: bool) -> Any:
+    """The experiment; with --json an unknown one is a JSON error on stdout (exit 2)."""
+    if not as_json:
+        return find_experiment(p, name_or_id)
+    record = store_of(p).find_experiment(name_or_id)
+    if record is None:
+        print(
+            json.dumps(
+                {
+                    "error": f"no experiment {name_or_id!r} under {p.home}",
+                    "fix": "`hangar experiment list` shows the experiments; "
+                    "`hangar experiment run SPEC` submits one",
+                }
+            )
+        )
+        raise typer.Exit(2)
+    return record
 
 
 @app.command("list")

@@ -217,6 +217,12 @@ class Variant(_Strict):
     harness_lock: str | None = Field(
         None, description="name@sha256:<digest> in the harness registry."
     )
+    changes: str | None = Field(
+        None,
+        min_length=1,
+        description="The one thing this variant changes against the baseline, in words "
+        "(e.g. 'adds the general-fix skill'); the report's Changed line starts with it.",
+    )
     environment: Environment | None = None
     tasks: list[str] | None = Field(None, description="Run only these tasks (default: all).")
     # The deprecated overlay form (issue #4 runs it; each use gets a deprecation note).
@@ -232,6 +238,25 @@ class Variant(_Strict):
         return [f for f in OVERLAY_FIELDS if getattr(self, f) is not None]
 
 
+class Decide(_Strict):
+    """The decision rule a result is read against (the report's Learned line)."""
+
+    min_effect_pts: float = Field(
+        ...,
+        gt=0,
+        le=100,
+        allow_inf_nan=False,
+        description="The smallest difference against the baseline, in points out of 100, "
+        "that would change what you do: shown when the paired difference's 95% interval lies "
+        "above it, not shown when it lies below it, undecided otherwise.",
+    )
+    rule: str | None = Field(
+        None,
+        min_length=1,
+        description="The decision in words, e.g. 'adopt the skill if it wins by 10 points'.",
+    )
+
+
 class Budget(_Strict):
     max_cost_usd: float = Field(..., gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
 
@@ -242,6 +267,18 @@ class ExperimentSpec(_Strict):
     name: str = Field(..., description="Short name; letters, digits, _ and -.")
     description: str | None = None
     author: str | None = Field(None, description="Defaults to $USER at submit.")
+    question: str | None = Field(
+        None, min_length=1, description="What the experiment asks, in one sentence."
+    )
+    hypothesis: str | None = Field(
+        None, min_length=1, description="The expected answer and why, in one sentence."
+    )
+    baseline: str | None = Field(
+        None,
+        description="The variant every other one is compared with (paired by task); "
+        "one of the names under variants.",
+    )
+    decide: Decide | None = None
     harness_repo: str | None = Field(
         None,
         description="Harness registry directory (relative to the spec); default $HANGAR_HARNESS_REPO.",
@@ -293,6 +330,7 @@ _FIXES = {
     "greater_than": "use a larger number",
     "less_than_equal": "use a smaller number (the bounds are in docs/operations.md)",
     "too_short": "give at least one entry",
+    "string_too_short": "write at least one character, or leave the field out",
     "string_type": "write it as a string (quote it)",
     "int_type": "write a whole number, without quotes, a decimal point or an exponent",
     "int_parsing": "write a whole number",
@@ -383,6 +421,14 @@ def semantic_problems(spec: ExperimentSpec) -> list[Problem]:
                         fix=f"use one of: {', '.join(sorted(seen))}",
                     )
                 )
+    if spec.baseline is not None and spec.baseline not in spec.variants:
+        problems.append(
+            Problem(
+                path="baseline",
+                message=f"{shown(spec.baseline)} is not a variant of this spec",
+                fix=f"name one of the variants: {', '.join(spec.variants)}",
+            )
+        )
     planned = spec.trials * sum(len(v.tasks or spec.tasks) for v in spec.variants.values())
     if planned > MAX_PLANNED_TRIALS:
         problems.append(

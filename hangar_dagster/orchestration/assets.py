@@ -32,6 +32,7 @@ from hangar_dagster.orchestration import metadata as md
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import partition_key_of, partitions, trial_key_of
 from hangar_dagster.queue.restarts import StartedMarker
+from hangar_dagster.results.report import build_report, report_dir, write_report
 from hangar_dagster.results.summary import summarize
 from hangar_dagster.trials.stage import run_trials
 
@@ -201,15 +202,22 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
     @dg.asset(
         key=[prefix, "index"],
         deps=[grades],
-        description="Per trial key the highest attempt with its grade; per variant the pass rate.",
+        description="Per trial key the highest attempt with its grade; per variant the pass rate "
+        "with its interval, the five lines and the report (report.html, figure.png).",
         group_name=group,
         tags=tags,
         kinds=md.KINDS,
         owners=owners,
     )
     def index(context: dg.AssetExecutionContext, hangar: HangarResource) -> dg.MaterializeResult:  # type: ignore[type-arg]
-        summary = summarize(exp, hangar.store(), hangar.settings(), dt.datetime.now(dt.UTC))
-        return dg.MaterializeResult(metadata=md.index_metadata(summary, exp.canary))
+        store = hangar.store()
+        summary = summarize(exp, store, hangar.settings(), dt.datetime.now(dt.UTC))
+        report = build_report(exp, store)
+        written = write_report(report, report_dir(hangar.paths, exp.experiment_id), exp.canary)
+        return dg.MaterializeResult(
+            metadata=md.index_metadata(summary, exp.canary)
+            | md.report_metadata(report, written, exp.canary)
+        )
 
     def _trial_keys(context: dg.AssetExecutionContext) -> list[TrialKey]:
         return [trial_key_of(trials_def, pk) for pk in context.partition_keys]

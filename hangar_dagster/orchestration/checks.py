@@ -5,6 +5,8 @@
   blocking rule) and the eval queue leaves that task's trials out (``queue/starts.py``).
 - ``<exp>/grades`` (variant x task_rep): one WARN check per signal an eval engineer
   scans for (``grading/verdicts.GRADE_SIGNALS``), never blocking.
+- ``<exp>/index``: ``readback``, WARN and never blocking: fails with one line per thing a
+  reader of the report could not read (``results/readback.py``), each with its fix.
 
 Each check reads what its asset stored and reports one result per partition of
 its run: the stage runs cover a partition range, and ``dg.AssetCheckResult``
@@ -32,6 +34,7 @@ from hangar_dagster.grading.verdicts import (
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import partitions, trial_key_of
 from hangar_dagster.results.records import BaseCheckRecord
+from hangar_dagster.results.report import build_report
 from hangar_dagster.trials.redact import redact
 
 R = TypeVar("R")
@@ -130,6 +133,7 @@ def build_experiment_checks(
 ) -> list[dg.AssetChecksDefinition]:
     by_name = {a.key.path[-1]: a for a in assets}
     base_key, grades_key = by_name["base_checks"].key, by_name["grades"].key
+    index_key = by_name["index"].key
     _variants, tasks_def, trials_def = partitions(exp)
 
     @dg.multi_asset_check(
@@ -184,4 +188,31 @@ def build_experiment_checks(
             canary=exp.canary,
         )
 
-    return [base_checks_checks, grades_checks]
+    @dg.asset_check(
+        asset=index_key,
+        name="readback",
+        description=READBACK,
+        blocking=False,
+    )
+    def readback_check(hangar: HangarResource) -> dg.AssetCheckResult:
+        lines = list(build_report(exp, hangar.store()).readback)
+        return dg.AssetCheckResult(
+            passed=not lines,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=redact("; ".join(lines) if lines else "the report reads clean", exp.canary),
+            metadata={
+                "lines": len(lines),
+                "readback": dg.MetadataValue.md(
+                    redact("\n".join(f"- {line}" for line in lines), exp.canary) or "clean"
+                ),
+            },
+        )
+
+    return [base_checks_checks, grades_checks, readback_check]
+
+
+READBACK = (
+    "What a reader of the report could not read, one line each with its fix (no question, no "
+    "baseline, a fraction, a missing interval or n, a variant named by a setting, an effect "
+    "this n cannot detect, flagged passes in the headline, invalid tasks); warns, never blocks."
+)

@@ -19,6 +19,7 @@ from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.stage import PinnedVariant
 from hangar_dagster.grading.stage import BaseCheckPartition, GradePartition
 from hangar_dagster.results.records import ExperimentRecord
+from hangar_dagster.results.report import Report, Written, five_lines_markdown, table_rows
 from hangar_dagster.results.summary import IndexSummary
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.trials.stage import TrialPartition
@@ -37,6 +38,27 @@ SUMMARY_SCHEMA = dg.TableSchema(
         dg.TableColumn("graded", "int", description="counted in the pass rate"),
         dg.TableColumn("passed", "int"),
         dg.TableColumn("pass_rate_pts", "float", description="passed / graded, in points"),
+    ]
+)
+
+
+# The report's table (results.report.table_rows): every rate in points with its interval and n.
+REPORT_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("variant", "string"),
+        dg.TableColumn("changes", "string", description="what it changes, in words (the spec)"),
+        dg.TableColumn("pass_rate_pts", "float", description="mean of task pass rates, points"),
+        dg.TableColumn("ci_low_pts", "float", description="95% interval, clustered by task"),
+        dg.TableColumn("ci_high_pts", "float"),
+        dg.TableColumn("tasks", "int", description="tasks the rate rests on"),
+        dg.TableColumn("trials", "int", description="counted trials (no flagged passes)"),
+        dg.TableColumn("diff_pts", "float", description="minus the baseline, paired by task"),
+        dg.TableColumn("diff_ci_low_pts", "float", description="95% interval of the difference"),
+        dg.TableColumn("diff_ci_high_pts", "float"),
+        dg.TableColumn("p_value", "float", description="exact paired test (sign flip / McNemar)"),
+        dg.TableColumn("mde_pts", "float", description="detectable at 80% power at this n"),
+        dg.TableColumn("verdict", "string", description="against decide.min_effect_pts"),
+        dg.TableColumn("flagged_passes", "int", description="counted apart, not in the rate"),
     ]
 )
 
@@ -182,5 +204,36 @@ def index_metadata(summary: IndexSummary, canary: str) -> Metadata:
         "passed": summary.passed,
         "invalid_tasks": _joined(summary.invalid_tasks),
         "duckdb": dg.MetadataValue.path(str(summary.duckdb)),
+    }
+    return _present(redact(metadata, canary))
+
+
+def report_metadata(report: Report, written: Written, canary: str) -> Metadata:
+    """The report on the index: its table, the five lines per variant as markdown, the
+    readback, and the files (the picture is figure.png; report.html opens from disk)."""
+    table = dg.MetadataValue.table(
+        records=[dg.TableRecord(row) for row in table_rows(report)], schema=REPORT_SCHEMA
+    )
+    lines = "\n\n".join(
+        f"### {v.name}{' (baseline)' if v.is_baseline else ''}\n\n{five_lines_markdown(v)}"
+        for v in report.variants
+    )
+    question = "\n".join(
+        f"**{k}:** {v}"
+        for k, v in (
+            ("Question", report.question),
+            ("Hypothesis", report.hypothesis),
+            ("Decision rule", f"{report.min_effect_pts:g} pts" if report.min_effect_pts else None),
+        )
+        if v
+    )
+    metadata = {
+        "report": table,
+        "five_lines": dg.MetadataValue.md(f"{question}\n\n{lines}" if question else lines),
+        "readback": dg.MetadataValue.md("\n".join(f"- {line}" for line in report.readback))
+        if report.readback
+        else None,
+        "report_html": dg.MetadataValue.path(str(written.html)),
+        "figure": dg.MetadataValue.path(str(written.figure)),
     }
     return _present(redact(metadata, canary))

@@ -1,4 +1,5 @@
-"""Export one experiment as files: index.json plus every trial attempt's manifest and trace.
+"""Export one experiment as files: index.json plus every trial attempt's manifest and trace,
+and, given its report, report.md, report.html, figure.png and report.json.
 
 Everything written passes ``redact.redact`` (canary, API keys, tokens). The export is built in a hidden
 sibling directory and renamed into place, so ``out_dir`` is always either the
@@ -11,11 +12,14 @@ import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.trials.redact import redact
+
+if TYPE_CHECKING:
+    from hangar_dagster.results.report import Report
 
 
 class ExportError(ValueError):
@@ -31,8 +35,15 @@ def _attempt_dir(t: TrialRecord) -> str:
     return f"trials/{t.trial_key.replace('/', '__')}/attempt-{t.attempt}"
 
 
-def export_experiment(store: Store, experiment_id: str, out_dir: Path, canary: str | None) -> Path:
-    """Write ``out_dir/index.json`` and ``out_dir/trials/<variant>__<task>__<rep>/attempt-<n>/``.
+def export_experiment(
+    store: Store,
+    experiment_id: str,
+    out_dir: Path,
+    canary: str | None,
+    report: Report | None = None,
+) -> Path:
+    """Write ``out_dir/index.json`` and ``out_dir/trials/<variant>__<task>__<rep>/attempt-<n>/``,
+    and with ``report`` (``results.report.build_report``) the report's files beside them.
 
     ``canary`` is the experiment's canary (from its spec); every string equal to
     or containing it is masked, and keys and tokens are redacted. Returns the resolved ``out_dir``.
@@ -80,6 +91,11 @@ def export_experiment(store: Store, experiment_id: str, out_dir: Path, canary: s
         for t in trials:
             _write_json(staging / _attempt_dir(t) / "manifest.json", t.manifest, canary)
             _write_json(staging / _attempt_dir(t) / "trace.json", t.trace, canary)
+        if report is not None:
+            from hangar_dagster.results.report import to_json, write_report
+
+            write_report(report, staging, canary)
+            _write_json(staging / "report.json", to_json(report), canary)
         old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex}")
         if out_dir.exists():
             out_dir.rename(old)

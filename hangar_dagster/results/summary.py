@@ -1,16 +1,20 @@
-"""The index stage's summary, without Dagster: per variant the pass rate, and why trials wait."""
+"""The index stage's summary, without Dagster: per variant the pass rate, and why trials wait;
+and the headline lines a terminal prints from the report."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.queue.starts import invalid_tasks, pending, waiting_grades_note, waiting_reason
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
+
+if TYPE_CHECKING:
+    from hangar_dagster.results.report import Report
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,30 @@ def summarize(
         waiting_grades=len(work.grades),
         unfinished=unfinished(exp, store, settings, now),
     )
+
+
+def headline(report: Report) -> list[str]:
+    """The lines `run --wait` and `get` print under the summary table: each variant's points
+    with interval and n, its paired difference against the baseline and the verdict, the
+    invalid tasks by name, and the readback."""
+    out = []
+    for v in report.variants:
+        name = f"{v.name} (baseline)" if v.is_baseline else v.name
+        rate = v.rate.label if v.rate is not None else "no counted trial"
+        line = f"{name}: {rate}"
+        if v.difference is not None:
+            line += f"; vs {report.baseline} {v.difference.label}"
+            if v.verdict:
+                line += f": {v.verdict}"
+        if v.health.flagged_passes:
+            line += f"; {v.health.flagged_passes} flagged pass(es) counted apart"
+        out.append(line)
+    if report.invalid_tasks:
+        out.append(
+            "invalid tasks, left out of every rate: "
+            + "; ".join(
+                f"{t} ({r or 'base check failed'})" for t, r in report.invalid_tasks.items()
+            )
+        )
+    out += [f"readback: {line}" for line in report.readback]
+    return out

@@ -161,6 +161,7 @@ def test_a_refused_overlay_spec_writes_nothing(
 def overlay_spec(example_dir: Path, tmp_path: Path, name: str) -> Path:
     registry, _ = registry_with_default(tmp_path)
     spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.pop("baseline", None)  # the example's baseline names a variant this spec replaces
     spec.update(
         name=name,
         harness_repo=str(registry),

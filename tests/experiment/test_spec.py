@@ -127,3 +127,67 @@ def test_a_file_larger_than_its_size_says_is_cut_at_the_bound(tmp_path: Path) ->
     with pytest.raises(InputFileError, match="over the limit of 16 bytes"):
         read_text_bounded(Path("/proc/self/status"), 16, "probe")
     assert read_text_bounded(Path("/proc/self/status"), 1 << 20, "probe").startswith("Name:")
+
+
+def test_the_question_fields_parse_and_stay_optional() -> None:
+    data = good()
+    data["variants"]["skill"] = {"harness_lock": LOCK, "changes": "adds the general-fix skill"}
+    data.update(
+        question="Does the skill help?",
+        hypothesis="It steers the agent to the general fix.",
+        baseline="plain",
+        decide={"min_effect_pts": 10, "rule": "adopt it if it wins by 10 points"},
+    )
+    spec = parse_spec(data)
+    assert (spec.question, spec.baseline) == ("Does the skill help?", "plain")
+    assert spec.decide is not None and spec.decide.min_effect_pts == 10
+    assert spec.variants["skill"].changes == "adds the general-fix skill"
+    bare = parse_spec(good())
+    assert (bare.question, bare.hypothesis, bare.baseline, bare.decide) == (None, None, None, None)
+    assert bare.variants["plain"].changes is None
+
+
+def test_an_unknown_baseline_names_the_field_and_the_known_variants() -> None:
+    data = good()
+    data["variants"]["skill"] = {"harness_lock": LOCK}
+    data["baseline"] = "plian"
+    found = problems_of(data)
+    assert set(found) == {"baseline"}
+    assert "'plian' is not a variant" in found["baseline"]
+    assert "plain, skill" in found["baseline"]
+
+
+@pytest.mark.parametrize(
+    ("decide", "fix"),
+    [
+        ({"min_effect_pts": 0}, "larger number"),
+        ({"min_effect_pts": -5}, "larger number"),
+        ({"min_effect_pts": 150}, "smaller number"),
+        ({"min_effect_pts": "10"}, "write a number"),
+        ({"rule": "adopt it"}, "add this field"),
+        ({"min_effect_pts": 10, "alpha": 0.1}, "remove it"),
+    ],
+)
+def test_a_bad_decision_rule_is_refused_by_field(decide: dict[str, Any], fix: str) -> None:
+    data = good()
+    data["decide"] = decide
+    found = problems_of(data)
+    assert len(found) == 1
+    ((path, why),) = found.items()
+    assert path.startswith("decide") and fix in why
+
+
+def test_an_empty_changes_line_is_refused() -> None:
+    data = good()
+    data["variants"]["plain"]["changes"] = ""
+    assert "at least one character" in problems_of(data)["variants.plain.changes"]
+
+
+def test_the_schema_documents_the_question_fields() -> None:
+    schema = json_schema()
+    for field in ("question", "hypothesis", "baseline", "decide"):
+        assert schema["properties"][field].get("description") or field == "decide", field
+    decide = schema["$defs"]["Decide"]
+    assert decide["required"] == ["min_effect_pts"]
+    assert decide["properties"]["min_effect_pts"]["exclusiveMinimum"] == 0
+    assert "changes" in schema["$defs"]["Variant"]["properties"]

@@ -118,13 +118,18 @@ def test_each_stage_job_runs_the_checks_of_its_assets(
     dg.Definitions.validate_loadable(defs)
     base = dg.AssetKey([exp.experiment_id, "base_checks"])
     grades = dg.AssetKey([exp.experiment_id, "grades"])
+    index = dg.AssetKey([exp.experiment_id, "index"])
     specs = {s.key: s for c in defs.asset_checks or [] for s in c.check_specs}
     assert set(specs) == {
         dg.AssetCheckKey(base, "base_must_fail"),
         dg.AssetCheckKey(base, "reference_must_pass"),
+        dg.AssetCheckKey(index, "readback"),
     } | {dg.AssetCheckKey(grades, n) for n in GRADE_CHECKS}
     for key, spec in specs.items():
         assert spec.blocking == (key.asset_key == base)
+        if key.asset_key == index:  # the index is one unpartitioned asset
+            assert spec.partitions_def is None
+            continue
         assert spec.partitions_def is not None
         assert (
             spec.partitions_def.get_partition_keys()
@@ -132,10 +137,11 @@ def test_each_stage_job_runs_the_checks_of_its_assets(
         )
     by_job = {
         stage: defs.resolve_job_def(job_name(exp, stage)).asset_layer.asset_graph.asset_check_keys
-        for stage in ("base_checks", "trials")
+        for stage in ("base_checks", "trials", "index")
     }
     assert by_job["base_checks"] == {k for k in specs if k.asset_key == base}
     assert by_job["trials"] == {k for k in specs if k.asset_key == grades}
+    assert by_job["index"] == {dg.AssetCheckKey(index, "readback")}
 
 
 @pytest.mark.needs_sandbox("bwrap")

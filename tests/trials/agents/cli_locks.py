@@ -75,6 +75,7 @@ def median_spec(
     One trial at a time: the scripted endpoint's conversation is shared.
     """
     spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.pop("baseline", None)  # the example's baseline names a variant this spec replaces
     spec.update(
         name=name,
         harness_repo=str(tmp_path / "registry"),
