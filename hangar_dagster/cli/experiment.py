@@ -54,11 +54,12 @@ def run_cmd(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
     ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
-    notify_webserver(settings)
     if not wait:
         from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    notify_webserver(settings)  # in the background: returns at once whatever the webserver does
+    if not wait:
         console.print(
             "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
         )

@@ -200,7 +200,8 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
                 yield request
             else:  # submitted after this code location loaded: it runs once the location reloads
                 decisions.waiting.append(
-                    f"{request.job_name} is not loaded yet; reload the code location"
+                    f"{request.job_name} is not loaded yet; `hangar ui` reloads the code location when it"
+                    " sees a new experiment (elsewhere: Reload in the UI)"
                 )
         if not requested and decisions.waiting:
             yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))
