@@ -109,9 +109,11 @@ def _serve(settings: Settings, port: int) -> int:
                 pass
         if stopping:
             err.print(f"[yellow]{stopping[0].name}: stopping the webserver, daemon and runs[/]")
-            # Once: a second SIGINT would cut dagster dev's own shutdown short (the sweep below
-            # would still stop what it leaves, but less gently).
-            _interrupt(child.pid)
+            # Once, and not after a Ctrl-C, which the terminal sent to the whole group already:
+            # a second SIGINT would cut dagster dev's own shutdown short (the sweep below would
+            # still stop what it leaves, but less gently).
+            if not _terminal_sent(stopping[0]):
+                _interrupt(child.pid)
             try:
                 child.wait(timeout=DEV_STOP_S)
             except subprocess.TimeoutExpired:
@@ -126,6 +128,14 @@ def _serve(settings: Settings, port: int) -> int:
         url_file.unlink(missing_ok=True)
     # Stopped on request: the shell's convention (130 for SIGINT, 143 for SIGTERM).
     return 128 + stopping[0] if stopping else code
+
+
+def _terminal_sent(sig: signal.Signals) -> bool:
+    """Whether a SIGINT most likely came from the terminal (we are its foreground group)."""
+    try:
+        return sig == signal.SIGINT and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):  # no terminal, or no stdin at all
+        return False
 
 
 def _interrupt(pid: int) -> None:

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,40 +16,9 @@ import pytest
 from hangar_dagster.cli.ui import webserver_url
 from hangar_dagster.settings import Settings
 from hangar_dagster.util.procs import PidLock, Proc, alive, all_procs, descendants
-from tests.conftest import cli_env, command_agent_spec, hangar, write_spec
+from tests.conftest import command_agent_spec, free_port, hangar, start_ui, write_spec
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_ui(home: Path, log: Path) -> subprocess.Popen[bytes]:
-    """`hangar ui` as an operator's shell starts it: in a process group of its own."""
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(free_port())],
-        env=cli_env(home),
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 180
-    while not answers(home):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(1)
-    return proc
-
-
-def answers(home: Path) -> bool:
-    try:
-        url = (home / "webserver.url").read_text().strip()
-        with urllib.request.urlopen(url + "/server_info", timeout=5):
-            return True
-    except OSError:
-        return False
 
 
 def cmdline(pid: int) -> list[str]:
