@@ -77,12 +77,12 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     p = settings.paths
     exp = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
     _refuse_if_archived(p, exp.experiment_id, "resume")
-    busy = run_in_flight(exp, settings)
+    busy = run_in_flight(exp, settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]"))
     if busy is not None:  # running beside it would run (and pay for) the same trials twice
+        # Its worker is alive (or on another host): a run whose worker is gone was ended above.
         err.print(
             f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; resume runs the "
-            "same trials, so wait until it ends (`hangar experiment get` follows it), or terminate "
-            "it in the Dagster UI if its worker is gone"
+            "same trials, so wait until it ends (`hangar experiment get` follows it)"
         )
         raise typer.Exit(2)
     _drive(settings, exp)
