@@ -227,3 +227,124 @@ def docker_base_image() -> str:
     from hangar_dagster.trials.sandbox.docker import client
 
     return build_base_image(client()).image_id
+
+
+# --- a real `hangar ui` ------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ui_answers(home: Path) -> bool:
+    """Whether the webserver `hangar ui` started on ``home`` answers."""
+    import urllib.request
+
+    try:
+        url = (home / "webserver.url").read_text().strip()
+        with urllib.request.urlopen(url + "/server_info", timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def start_ui(
+    home: Path, log: Path, env: dict[str, str] | None = None, seconds: float = 300
+) -> subprocess.Popen[bytes]:
+    """`hangar ui` as an operator's shell starts it (a process group of its own), once it answers."""
+    import time
+
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(free_port())],
+        env=cli_env(home) | (env or {}),
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + seconds
+    while not ui_answers(home):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    return proc
+
+
+def stop_ui(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `hangar ui` (it stops everything it started), then SIGKILL to what is left."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+# --- a stage run's worker, recorded and killed ---------------------------------------------
+_RECORD_RUN_PROCESS = """
+import sys, time
+from pathlib import Path
+from hangar_dagster.queue.liveness import record_run_process
+from hangar_dagster.settings import HangarPaths
+record_run_process(HangarPaths(Path(sys.argv[1])), sys.argv[2])
+print("recorded", flush=True)
+time.sleep(600)
+"""
+
+
+def recorded_worker(home: Path, run_id: str) -> subprocess.Popen[str]:
+    """A real process that recorded itself as run ``run_id``'s worker (queue/liveness.py)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RECORD_RUN_PROCESS, str(home), run_id],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "recorded"
+    return proc
+
+
+def killed_worker(home: Path, run_id: str) -> int:
+    """Run ``run_id``'s recorded worker, SIGKILLed as an OOM killer or an operator would; its pid."""
+    import signal
+
+    proc = recorded_worker(home, run_id)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return proc.pid
+
+
+# --- a command agent whose first attempt outlives whatever stops it ------------------------
+# Fixes the example's median task (a command agent's script, run in the clone).
+FIX_MEDIAN = """python - <<'PY'
+import pathlib
+p = pathlib.Path("stats.py")
+fix = "    if len(ordered) % 2 == 0:\\n        return (ordered[mid - 1] + ordered[mid]) / 2\\n"
+p.write_text(p.read_text().replace("    return ordered[mid]", fix + "    return ordered[mid]"))
+PY
+"""
+# Attempt 1 sleeps until it is stopped (drained, killed); a retry fixes the bug at once.
+SLEEP_THEN_FIX = 'case "$HANGAR_SEED" in *:1) sleep 600;; esac\n' + FIX_MEDIAN
+
+
+def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
+    """(attempt, outcome_class, infra_reason, run_id, retry_of) of every stored attempt."""
+    import duckdb
+
+    if not (home / "hangar.duckdb").exists():
+        return []
+    try:
+        con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    except duckdb.Error:
+        return []  # a writer holds it this instant
+    try:
+        return con.execute(
+            "select attempt, outcome_class, infra_reason, run_id, retry_of from trials"
+            " order by attempt"
+        ).fetchall()
+    finally:
+        con.close()

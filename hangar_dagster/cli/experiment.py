@@ -54,11 +54,12 @@ def run_cmd(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
     ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
-    notify_webserver(settings)
     if not wait:
         from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    notify_webserver(settings)  # in the background: returns at once whatever the webserver does
+    if not wait:
         console.print(
             "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
         )
@@ -76,12 +77,12 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
     p = settings.paths
     exp = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
     _refuse_if_archived(p, exp.experiment_id, "resume")
-    busy = run_in_flight(exp, settings)
+    busy = run_in_flight(exp, settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]"))
     if busy is not None:  # running beside it would run (and pay for) the same trials twice
+        # Its worker is alive (or on another host): a run whose worker is gone was ended above.
         err.print(
             f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; resume runs the "
-            "same trials, so wait until it ends (`hangar experiment get` follows it), or terminate "
-            "it in the Dagster UI if its worker is gone"
+            "same trials, so wait until it ends (`hangar experiment get` follows it)"
         )
         raise typer.Exit(2)
     _drive(settings, exp)

@@ -148,13 +148,29 @@ def run_stages(
     return run_ids
 
 
-def run_in_flight(exp: ResolvedExperiment, settings: Settings) -> str | None:
-    """What run of ``exp`` is in flight on the CLI's instance (described), or None."""
-    from hangar_dagster.orchestration.sensors import describe_run, in_flight, stage_runs
+def run_in_flight(
+    exp: ResolvedExperiment, settings: Settings, say: Callable[[str], None] = print
+) -> str | None:
+    """What run of ``exp`` is in flight on the CLI's instance (described), or None.
+
+    A run whose worker is known to be gone is marked failed first (``say`` tells which), as
+    the driver sensor does: it would otherwise stay in flight and block ``resume`` for good.
+    """
+    from hangar_dagster.orchestration.sensors import (
+        describe_run,
+        end_dead_runs,
+        in_flight,
+        stage_runs,
+    )
 
     ensure_dagster_home(settings)
     with dg.DagsterInstance.get() as instance:
-        busy = in_flight(stage_runs(instance, exp))
+        runs = stage_runs(instance, exp)
+        if ended := end_dead_runs(instance, settings.paths, runs):
+            for e in ended:
+                say(e)
+            runs = stage_runs(instance, exp)
+        busy = in_flight(runs)
     return None if busy is None else describe_run(busy)
 
 

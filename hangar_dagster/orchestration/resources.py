@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from hangar_dagster.queue.liveness import record_file, record_run_process
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import ANTHROPIC_KEY_VAR, OPENAI_KEY_VAR, HangarPaths, Settings
 
@@ -78,6 +79,16 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             agent_bin_dir=self.agent_bin_dir,
             package_mirror_url=self.package_mirror_url,
         )
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        # A stage run records its process, so a run left in flight by a dead worker can be told
+        # from a slow one (queue/liveness.py; the default run launcher has no health check).
+        if context.run is not None:  # None outside a run (a sensor tick)
+            record_run_process(self.paths, context.run.run_id)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if context.run is not None:
+            record_file(self.paths, context.run.run_id).unlink(missing_ok=True)
 
     @property
     def paths(self) -> HangarPaths:

@@ -31,6 +31,14 @@ from hangar_dagster.orchestration.stages import (
     stage_tags,
 )
 from hangar_dagster.queue.drain import request_drain
+from hangar_dagster.queue.liveness import read_run_process, worker_gone
+from hangar_dagster.queue.stage_runs import (
+    STAGE_RUN_RETRIES,
+    EndedRun,
+    after_failure,
+    deaths_in_a_row,
+    retry_note,
+)
 from hangar_dagster.queue.starts import base_checks_stored, blocker, pending, schedule_grace
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
@@ -55,6 +63,7 @@ class Decisions:
     waiting: list[str] = field(
         default_factory=list
     )  # "<experiment>: <reason>", shown as the skip reason
+    notes: list[str] = field(default_factory=list)  # what the tick did besides, for the log
 
 
 def daemon_driven(paths: HangarPaths, exp: ResolvedExperiment) -> bool:
@@ -88,15 +97,64 @@ def describe_run(record: dg.RunRecord) -> str:
 
 
 def busy_reason(record: dg.RunRecord) -> str:
-    """Why an experiment waits for its run in flight.
+    """Why an experiment waits for its run in flight (a dead worker's run is ended first:
+    ``end_dead_runs``; one on another host, or not yet recorded, is waited for)."""
+    return f"in_flight: {describe_run(record)}; the next run starts when it ends"
 
-    A run whose worker died can stay in flight until Dagster's run monitoring or a person ends
-    it (docs/operations.md), so the wait names the run and how to end it instead of being silent.
+
+# Statuses in which a run has (or had) a worker that hangar's liveness check can look at.
+HAS_WORKER = frozenset(
+    {dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
+)
+
+
+def end_dead_runs(instance: dg.DagsterInstance, paths: HangarPaths, runs: StageRuns) -> list[str]:
+    """Mark failed every run in flight whose worker is known to be gone; say which and why.
+
+    Only where the run launcher has no worker health check of its own (the default launcher:
+    runs are subprocesses of the code server); the others are Dagster's run monitoring's job.
     """
-    return (
-        f"in_flight: {describe_run(record)}; the next run starts when it ends "
-        "(if its worker is gone, terminate it in the Dagster UI)"
-    )
+    if instance.run_launcher.supports_check_run_worker_health:
+        return []
+    ended = []
+    for stage, records in runs.items():
+        for record in records:
+            run = record.dagster_run
+            if run.status not in HAS_WORKER or (why := worker_gone(paths, run.run_id)) is None:
+                continue
+            instance.report_run_failed(
+                run, f"hangar: {why}; marked failed so that its experiment goes on"
+            )
+            ended.append(
+                f"its {stage} run {run.run_id} was {run.status.value}, but {why}: marked failed"
+            )
+    return ended
+
+
+def ended_run(instance: dg.DagsterInstance, paths: HangarPaths, record: dg.RunRecord) -> EndedRun:
+    """How a run that is not in flight ended, for the rules in queue/stage_runs.py."""
+    run = record.dagster_run
+    message = ""
+    if run.status == dg.DagsterRunStatus.FAILURE:
+        failures = instance.get_records_for_run(
+            run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE, limit=1, ascending=False
+        ).records
+        if failures and (event := failures[0].event_log_entry.dagster_event) is not None:
+            message = event.message or ""
+    left = read_run_process(paths, run.run_id) is not None
+    return EndedRun(run.run_id, run.status.value, left, message)
+
+
+def ended_runs(
+    instance: dg.DagsterInstance, paths: HangarPaths, records: list[dg.RunRecord], limit: int
+) -> list[EndedRun]:
+    """The newest ``limit`` runs' endings, stopping after the first that was not a dead worker."""
+    out: list[EndedRun] = []
+    for record in records[:limit]:
+        out.append(ended_run(instance, paths, record))
+        if not out[-1].worker_died:
+            break
+    return out
 
 
 def setup_gap(runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
@@ -132,6 +190,9 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
         if not daemon_driven(paths, exp):
             continue
         runs = stage_runs(instance, exp)
+        if ended := end_dead_runs(instance, paths, runs):
+            out.notes += [f"{exp.experiment_id}: {e}" for e in ended]
+            runs = stage_runs(instance, exp)
         busy = in_flight(runs)
         if busy is not None:
             out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
@@ -144,19 +205,32 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             stage, last = gap
             if last is None:
                 out.requests.append(_request(exp, stage, 1))
-            # else it failed: a person looks before anything else starts
+                continue
+            # It did not succeed: again if its worker died (bounded), else a person looks.
+            done = ended_runs(instance, paths, runs[stage], STAGE_RUN_RETRIES + 2)
+            if (why := after_failure(stage, done)) is None:
+                out.requests.append(_request(exp, stage, len(runs[stage]) + 1))
+                out.notes.append(f"{exp.experiment_id}: {retry_note(stage, done)}")
+            else:
+                out.waiting.append(f"{exp.experiment_id}: {why}")
             continue
         trials_runs = runs.get("trials", [])
         if work := pending(exp, store, settings):
-            why = blocker(exp, store, settings, now)
-            if why is None and not started_since(trials_runs, window.opens_at(now)):
-                why = schedule_grace(exp, window, now)
-            # A finished trial without a grade is graded by a trials run (its grades asset)
-            # whatever holds the starts back: that run starts no trial while blocked.
-            if why is None or work.grades:
-                out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
-                continue
-            out.waiting.append(f"{exp.experiment_id}: {why}")
+            died = deaths_in_a_row(ended_runs(instance, paths, trials_runs, STAGE_RUN_RETRIES + 2))
+            if len(died) > STAGE_RUN_RETRIES:  # grading too: a run that keeps dying is not retried
+                out.waiting.append(f"{exp.experiment_id}: {after_failure('trials', died)}")
+            else:
+                why = blocker(exp, store, settings, now)
+                if why is None and not started_since(trials_runs, window.opens_at(now)):
+                    why = schedule_grace(exp, window, now)
+                # A finished trial without a grade is graded by a trials run (its grades asset)
+                # whatever holds the starts back: that run starts no trial while blocked.
+                if why is None or work.grades:
+                    if died:
+                        out.notes.append(f"{exp.experiment_id}: {retry_note('trials', died)}")
+                    out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
+                    continue
+                out.waiting.append(f"{exp.experiment_id}: {why}")
         index_runs = runs.get("index", [])
         # The index follows every trials run, and is written once more when nothing else can run.
         if trials_runs and (
@@ -189,6 +263,8 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
     ) -> Iterator[dg.RunRequest | dg.SkipReason]:
         # The settings are read once per tick, from the resource the definitions were built with.
         decisions = decide(context.instance, hangar.settings(), dt.datetime.now(dt.UTC))
+        for note in decisions.notes:
+            context.log.warning(note)
         requested = False
         for request in decisions.requests:
             if (
@@ -200,7 +276,8 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
                 yield request
             else:  # submitted after this code location loaded: it runs once the location reloads
                 decisions.waiting.append(
-                    f"{request.job_name} is not loaded yet; reload the code location"
+                    f"{request.job_name} is not loaded yet; `hangar ui` reloads the code location when it"
+                    " sees a new experiment (elsewhere: Reload in the UI)"
                 )
         if not requested and decisions.waiting:
             yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))

@@ -11,9 +11,24 @@ import pytest
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.settings import Settings
-from tests.conftest import command_agent_spec, hangar, write_spec
+from tests.conftest import command_agent_spec, hangar, killed_worker, write_spec
 
 pytestmark = pytest.mark.integration
+
+
+def started_trials_run(experiment_id: str) -> str:
+    """A trials run of the experiment left STARTED on the CLI's instance; its run id."""
+    run_id = str(uuid.uuid4())
+    with dg.DagsterInstance.get() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{experiment_id}__trials_job",
+                run_id=run_id,
+                status=dg.DagsterRunStatus.STARTED,
+                tags={"hangar/experiment": experiment_id, "hangar/stage": "trials"},
+            )
+        )
+    return run_id
 
 
 def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
@@ -22,16 +37,7 @@ def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
     spec = command_agent_spec(example_dir, tmp_path, "guarded", "true")
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     ensure_dagster_home(Settings.from_env())  # the instance the CLI uses: $HANGAR_HOME/dagster
-    run_id = str(uuid.uuid4())
-    with dg.DagsterInstance.get() as instance:
-        instance.add_run(
-            dg.DagsterRun(
-                job_name=f"{exp.experiment_id}__trials_job",
-                run_id=run_id,
-                status=dg.DagsterRunStatus.STARTED,
-                tags={"hangar/experiment": exp.experiment_id, "hangar/stage": "trials"},
-            )
-        )
+    run_id = started_trials_run(exp.experiment_id)
 
     refused = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -47,5 +53,27 @@ def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
     resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     with dg.DagsterInstance.get() as instance:
+        stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
+    assert {"spec", "trials", "index"} <= stages
+
+
+def test_resume_ends_a_run_whose_worker_was_killed_and_goes_on_without_the_ui(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    spec = command_agent_spec(example_dir, tmp_path, "orphaned", "true")
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    ensure_dagster_home(Settings.from_env())
+    run_id = started_trials_run(exp.experiment_id)
+    # Its worker recorded itself, then died with the daemon that launched it: left STARTED.
+    pid = killed_worker(hangar_home, run_id)
+
+    resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    said = " ".join(resumed.stderr.split())
+    assert f"its trials run {run_id} was STARTED, but its process (pid {pid} on" in said
+    assert "is gone: marked failed" in said
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
     assert {"spec", "trials", "index"} <= stages

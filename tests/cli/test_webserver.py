@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hangar_dagster.util.procs import alive, descendants
 from tests.conftest import cli_env, hangar
 
 pytestmark = pytest.mark.slow
@@ -81,9 +82,13 @@ def test_hangar_ui_lists_the_experiment_assets_with_lineage(
         assert mine[(experiment_id, "trials")]["isPartitioned"] is True
         assert (home / "webserver.url").read_text().strip() == f"http://127.0.0.1:{port}"
         # SIGTERM to hangar alone stops the whole UI (webserver, daemon, code servers).
+        tree = descendants(proc.pid)
+        assert len(tree) >= 3, tree
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM
         assert not (home / "webserver.url").exists()
+        assert [p for p in tree if alive(p)] == []
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group

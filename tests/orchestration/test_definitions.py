@@ -110,7 +110,8 @@ def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
         reason = str(skipped.skip_message)
         assert f"{first.experiment_id}: in_flight: its spec run {busy} is STARTED" in reason
         assert (
-            f"{late.experiment_id}__spec_job is not loaded yet; reload the code location" in reason
+            f"{late.experiment_id}__spec_job is not loaded yet; `hangar ui` reloads the code location"
+            in reason
         )
 
 

@@ -1,52 +1,40 @@
 """The real daemon on a short eval window: the window's opening schedule starts a waiting
 experiment's trials, the running trial is drained at the window's end and retried (with
-retry_of) in the next window."""
+retry_of) in the next window.
+
+Sized for a loaded machine (load average 10 on 2 cores): nothing waits a guessed number of
+seconds. The setup stages run under a window that opens hours later, until they are seen to
+succeed; the UI is then restarted on a window whose opening leaves twice the UI's measured
+start-up time, and which lasts long enough for the trial to start in it."""
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import dagster as dg
-import duckdb
 import pytest
 
-from tests.conftest import cli_env, command_agent_spec, hangar, write_spec
+from hangar_dagster.orchestration.stages import SETUP_STAGES, TAG_EXPERIMENT, TAG_STAGE
+from tests.conftest import (
+    SLEEP_THEN_FIX,
+    attempts,
+    command_agent_spec,
+    hangar,
+    start_ui,
+    stop_ui,
+    write_spec,
+)
 
 pytestmark = pytest.mark.slow
 
-# Seconds from submitting to the window's opening: the UI starts and the driver sensor runs the
-# three setup stages (one run each) before it, or the opening schedule skips them.
-SETUP_LEAD_S = 75
-
-# Fixes the example's median task (a command agent's script, run in the clone).
-FIX_MEDIAN = """python - <<'PY'
-import pathlib
-p = pathlib.Path("stats.py")
-fix = "    if len(ordered) % 2 == 0:\\n        return (ordered[mid - 1] + ordered[mid]) / 2\\n"
-p.write_text(p.read_text().replace("    return ordered[mid]", fix + "    return ordered[mid]"))
-PY
-"""
-# Attempt 1 outlives the window; a retry fixes the bug at once.
-AGENT_SH = (
-    """case "$HANGAR_SEED" in *:1) sleep 600;; esac
-"""
-    + FIX_MEDIAN
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# The window under test lasts this long: its trials run is queued, its worker starts and
+# the trial is running before the drain at its end, also on a loaded machine.
+WINDOW_MINUTES = 4
+# Setup stages and the trial's start may take this long on a loaded machine.
+SLOW_S = 900
 
 
 def window_opening_after(seconds: float, minutes: int) -> tuple[str, dt.datetime]:
@@ -57,55 +45,14 @@ def window_opening_after(seconds: float, minutes: int) -> tuple[str, dt.datetime
     return f"{start:%H:%M}-{end:%H:%M}", start
 
 
-def start_ui(home: Path, window: str, log: Path) -> subprocess.Popen[bytes]:
-    env = cli_env(home) | {"HANGAR_EVAL_WINDOW": window}
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(free_port())],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 120
-    while not answers(home):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(1)
-    return proc
-
-
-def answers(home: Path) -> bool:
-    url = home / "webserver.url"
-    try:
-        with urllib.request.urlopen(url.read_text().strip() + "/server_info", timeout=5):
-            return True
-    except OSError:
-        return False
-
-
-def stop_ui(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
-    if not (home / "hangar.duckdb").exists():
-        return []
-    try:
-        con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
-    except duckdb.Error:
-        return []  # a writer holds it this instant
-    try:
-        return con.execute(
-            "select attempt, outcome_class, infra_reason, run_id, retry_of from trials order by attempt"
-        ).fetchall()
-    finally:
-        con.close()
+def setup_done(home: Path, experiment_id: str) -> bool:
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        records = instance.get_run_records(
+            dg.RunsFilter(
+                tags={TAG_EXPERIMENT: experiment_id}, statuses=[dg.DagsterRunStatus.SUCCESS]
+            )
+        )
+    return {r.dagster_run.tags.get(TAG_STAGE) for r in records} >= set(SETUP_STAGES)
 
 
 def wait_for(
@@ -124,22 +71,40 @@ def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
     example_dir: Path, tmp_path: Path
 ) -> None:
     spec = command_agent_spec(
-        example_dir, tmp_path, "drain-me", "sh $HANGAR_HARNESS_DIR/agent.sh", {"agent.sh": AGENT_SH}
+        example_dir,
+        tmp_path,
+        "drain-me",
+        "sh $HANGAR_HARNESS_DIR/agent.sh",
+        {"agent.sh": SLEEP_THEN_FIX},
     )
     spec.update(parallel=1)
     spec["environment"]["resources"]["timeout_s"] = 900
     spec_path = write_spec(example_dir, spec)
     home, log = tmp_path / "home", tmp_path / "ui.log"
 
-    # Submitted before the window opens; the daemon runs its setup stages meanwhile (time enough
-    # for the UI to start and them to finish), and the opening schedule starts its trials.
+    # Submitted before the window opens; the daemon runs its setup stages meanwhile, under a
+    # window hours away (nothing may start a trial yet), until they are seen to have succeeded.
     submitted = hangar("experiment", "run", str(spec_path), home=home)
     assert submitted.returncode == 0, submitted.stderr
     experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
-    window, opens = window_opening_after(seconds=SETUP_LEAD_S, minutes=1)
-    ui = start_ui(home, window, log)
+    far, _ = window_opening_after(seconds=6 * 3600, minutes=WINDOW_MINUTES)
+    started = time.monotonic()
+    ui = start_ui(home, log, env={"HANGAR_EVAL_WINDOW": far}, seconds=SLOW_S)
+    startup_s = time.monotonic() - started  # this machine, now
     try:
-        rows = wait_for(home, lambda r: len(r) == 1, 600, log)
+        deadline = time.monotonic() + SLOW_S
+        while not setup_done(home, experiment_id):
+            assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(2)
+        assert attempts(home) == []
+    finally:
+        stop_ui(ui)
+
+    # The window opens once the UI is surely up again: twice its measured start-up, and more.
+    window, opens = window_opening_after(seconds=2 * startup_s + 20, minutes=WINDOW_MINUTES)
+    ui = start_ui(home, log, env={"HANGAR_EVAL_WINDOW": window}, seconds=SLOW_S)
+    try:
+        rows = wait_for(home, lambda r: len(r) == 1, WINDOW_MINUTES * 60 + SLOW_S, log)
         assert rows[0][:3] == (1, "infra_error", "power_down")
         with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
             run = instance.get_run_by_id(rows[0][3])
@@ -154,9 +119,9 @@ def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
     finally:
         stop_ui(ui)
 
-    ui = start_ui(home, "always", log)  # the next window
+    ui = start_ui(home, log, env={"HANGAR_EVAL_WINDOW": "always"}, seconds=SLOW_S)  # next window
     try:
-        rows = wait_for(home, lambda r: len(r) == 2, 300, log)
+        rows = wait_for(home, lambda r: len(r) == 2, SLOW_S, log)
     finally:
         stop_ui(ui)
     first, second = rows

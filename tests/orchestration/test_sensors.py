@@ -14,11 +14,13 @@ import pytest
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import RESOLVED, submit
 from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.queue.stage_runs import STAGE_RUN_RETRIES
 from hangar_dagster.queue.starts import OPEN_GRACE
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
+from tests.conftest import killed_worker, recorded_worker
 
 pytestmark = pytest.mark.integration
 
@@ -244,3 +246,66 @@ def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_task
         assert [r.run_key for r in decide(instance, f.settings(NIGHTLY), now).requests] == [
             f"{queued.experiment_id}:trials:1"
         ]
+
+
+def test_a_run_whose_worker_was_killed_is_failed_and_its_stage_retried_a_bounded_number_of_times(
+    queued: ResolvedExperiment, hangar_home: Path
+) -> None:
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    with dg.instance_for_test() as instance:
+        for n in range(1, STAGE_RUN_RETRIES + 2):
+            # The daemon launched spec run n; its worker recorded itself, then was SIGKILLed.
+            run_id = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTED)
+            pid = killed_worker(hangar_home, run_id)
+            decided = decide(instance, f.settings(NIGHTLY), at)
+            run = instance.get_run_by_id(run_id)
+            assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+            [failure] = instance.get_records_for_run(
+                run_id, of_type=dg.DagsterEventType.RUN_FAILURE
+            ).records
+            said = failure.event_log_entry.dagster_event.message  # type: ignore[union-attr]
+            assert f"hangar: its process (pid {pid} on " in (said or "") and "is gone" in said
+            assert f"{eid}: its spec run {run_id} was STARTED, but" in decided.notes[0]
+            if n <= STAGE_RUN_RETRIES:
+                assert [r.run_key for r in decided.requests] == [f"{eid}:spec:{n + 1}"]
+                assert f"started again (retry {n} of {STAGE_RUN_RETRIES})" in decided.notes[1]
+            else:  # past the bound: it waits, and says why
+                assert decided.requests == []
+                [why] = decided.waiting
+                assert why.startswith(
+                    f"{eid}: spec: the workers of its last {n} runs died (latest {run_id}: hangar:"
+                )
+                assert "hangar experiment resume" in why
+
+
+def test_a_setup_run_that_failed_by_itself_waits_for_a_person_and_says_so(
+    queued: ResolvedExperiment,
+) -> None:
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        stage_run(instance, queued, "spec")
+        failed = stage_run(instance, queued, "pin_sets", dg.DagsterRunStatus.FAILURE)
+        decided = decide(instance, f.settings(NIGHTLY), at)
+        assert decided.requests == []
+        [why] = decided.waiting
+        assert why.startswith(f"{queued.experiment_id}: pin_sets: its run {failed} failed")
+        assert "a person looks at its logs" in why
+
+
+def test_a_run_whose_worker_is_alive_is_waited_for(
+    queued: ResolvedExperiment, hangar_home: Path
+) -> None:
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        run_id = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTED)
+        worker = recorded_worker(hangar_home, run_id)
+        try:
+            decided = decide(instance, f.settings(NIGHTLY), at)
+            run = instance.get_run_by_id(run_id)
+            assert run is not None and run.status == dg.DagsterRunStatus.STARTED
+            assert decided.requests == [] and decided.notes == []
+            assert f"in_flight: its spec run {run_id} is STARTED" in decided.waiting[0]
+        finally:
+            worker.kill()
+            worker.wait()

@@ -27,8 +27,7 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.agents import AgentRun
 from hangar_dagster.trials.trial import InfraError, TrialRequest, _drained
-from tests.conftest import cli_env, command_agent_spec, write_spec
-from tests.orchestration.test_eval_daemon import FIX_MEDIAN
+from tests.conftest import FIX_MEDIAN, cli_env, command_agent_spec, write_spec
 
 pytestmark = pytest.mark.unit
 

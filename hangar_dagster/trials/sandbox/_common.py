@@ -125,13 +125,19 @@ def _check_mount(m: Mount) -> None:
 
 
 def limits_prefix(request: SandboxRequest) -> list[str]:
-    """``prlimit`` with the request's memory limit, and its process limit under a uid split."""
+    """``prlimit`` with the request's memory limit, and its process limit under a uid split.
+
+    Behind ``setpriv --pdeathsig KILL``: the launcher (and with it the namespace) dies when the
+    thread that started it dies, so a SIGKILLed run worker leaves no sandbox behind
+    (docs/operations.md, "Who owns the UI's processes").
+    """
+    setpriv = require_binary("setpriv", "util-linux")
     prlimit = require_binary("prlimit", "util-linux")
     limits = [f"--as={request.memory_mb * 1024 * 1024}"]
     if request.run_as is not None:
         limits.append(f"--nproc={request.run_as.max_processes}")
         limits.append(f"--fsize={request.run_as.max_file_mb * 1024 * 1024}")
-    return [prlimit, *limits, "--"]
+    return [setpriv, "--pdeathsig", "KILL", prlimit, *limits, "--"]
 
 
 def tool_version(argv: list[str]) -> str:

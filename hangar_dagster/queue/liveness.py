@@ -1,0 +1,86 @@
+"""Whether a stage run's process still runs: hangar's own check, for launchers without one.
+
+Every stage run records its process when its ``hangar`` resource starts
+(``HANGAR_HOME/runs/<run id>.json``: host, boot id, pid and the pid's start
+time): in the run worker under the daemon, in the CLI under ``run --wait`` and
+``resume``. ``worker_gone`` says, from the same host, that the process is
+provably gone (no such pid, a pid reused by a later process, or the machine
+rebooted since), or None when it runs or cannot be told (no record yet,
+another host). The Dagster side (the driver sensor, ``resume``) marks such a
+run failed with this reason (docs/queue.md, "Runs whose worker died").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hangar_dagster.results.records import utcnow
+from hangar_dagster.settings import HangarPaths
+from hangar_dagster.util.fs import write_atomic
+from hangar_dagster.util.procs import read_proc
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class RunProcess:
+    run_id: str
+    host: str
+    boot_id: str
+    pid: int
+    start_ticks: int  # /proc/<pid>/stat starttime: tells the process from a reuse of its pid
+    recorded_at: str
+
+
+def record_file(paths: HangarPaths, run_id: str) -> Path:
+    return paths.home / "runs" / f"{run_id}.json"
+
+
+def record_run_process(paths: HangarPaths, run_id: str) -> RunProcess:
+    me = read_proc(os.getpid())
+    record = RunProcess(
+        run_id=run_id,
+        host=socket.gethostname(),
+        boot_id=boot_id(),
+        pid=os.getpid(),
+        start_ticks=me.start if me is not None else -1,
+        recorded_at=utcnow().isoformat(),
+    )
+    path = record_file(paths, run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(asdict(record), sort_keys=True))
+    return record
+
+
+def read_run_process(paths: HangarPaths, run_id: str) -> RunProcess | None:
+    try:
+        return RunProcess(**json.loads(record_file(paths, run_id).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # not recorded (yet), or torn: cannot tell
+
+
+def worker_gone(paths: HangarPaths, run_id: str) -> str | None:
+    """Why run ``run_id``'s process is known to be gone, or None (it runs, or cannot be told)."""
+    rec = read_run_process(paths, run_id)
+    if rec is None or rec.host != socket.gethostname():
+        return None
+    who = f"its process (pid {rec.pid} on {rec.host}, recorded {rec.recorded_at})"
+    if rec.boot_id and boot_id() and rec.boot_id != boot_id():
+        return f"{who} is gone: the machine rebooted since"
+    now = read_proc(rec.pid)
+    if now is None or now.state in ("Z", "X"):
+        return f"{who} is gone"
+    if rec.start_ticks >= 0 and now.start != rec.start_ticks:
+        return f"{who} is gone (pid {rec.pid} is another process now)"
+    return None

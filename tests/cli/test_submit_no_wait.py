@@ -1,0 +1,150 @@
+"""`hangar experiment run` without --wait does not wait on the webserver: against a stand-in
+that accepts connections and never answers (a real socket), it returns at once, the reload is
+asked for in the background, and the asking is bounded."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from hangar_dagster.cli.ui import reload_location
+from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+from tests.conftest import hangar, start_ui
+
+pytestmark = pytest.mark.integration
+
+
+class Stall:
+    """A webserver stand-in: accepts, reads what it is sent, never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.received = b""
+        self.held: list[socket.socket] = []
+        self.stopped = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.held.append(conn)  # kept open, never answered
+            conn.settimeout(2)
+            try:
+                self.received += conn.recv(65536)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        for c in self.held:
+            c.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def stall() -> Iterator[Stall]:
+    s = Stall()
+    yield s
+    s.close()
+
+
+def test_run_returns_promptly_though_the_webserver_never_answers(
+    example_dir: Path, tmp_path: Path, stall: Stall
+) -> None:
+    home = tmp_path / "home"
+    started = time.monotonic()
+    submitted = hangar(
+        "experiment",
+        "run",
+        str(example_dir / "experiment.yaml"),
+        home=home,
+        env={"HANGAR_WEBSERVER_URL": stall.url},
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    assert submitted.returncode == 0, submitted.stderr
+    assert "queued for the daemon" in submitted.stdout
+    # The old synchronous reload waited at least 30 s here; the CLI's own start-up is the rest.
+    assert took < 20, f"run took {took:.1f}s"
+    assert "in the background" in submitted.stderr
+    # The reload was asked for all the same, by the background process.
+    deadline = time.monotonic() + 30
+    while b"reloadRepositoryLocation" not in stall.received and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert b"POST /graphql" in stall.received
+    assert b"reloadRepositoryLocation" in stall.received
+
+
+def test_the_reload_gives_up_at_its_deadline_and_says_how_to_reload(stall: Stall) -> None:
+    started = time.monotonic()
+    why = reload_location(stall.url, deadline_s=3)
+    took = time.monotonic() - started
+    assert why is not None and stall.url in why and "use Reload in the UI" in why
+    assert took < 3 + 2, f"took {took:.1f}s"
+
+
+def test_no_reload_is_asked_for_from_a_webserver_url_nobody_holds(
+    example_dir: Path, tmp_path: Path, stall: Stall
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    # Left by a `hangar ui` that was SIGKILLed: ui.lock is free.
+    (home / "webserver.url").write_text(stall.url + "\n")
+    (home / "ui.lock").write_text("999999\n")
+    submitted = hangar("experiment", "run", str(example_dir / "experiment.yaml"), home=home)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "reload" not in submitted.stderr
+    time.sleep(2)
+    assert stall.received == b""
+
+
+@pytest.mark.slow
+def test_the_daemon_picks_the_experiment_up_though_the_reload_request_stalled(
+    example_dir: Path, tmp_path: Path, stall: Stall
+) -> None:
+    """`hangar ui` notices the new experiment itself and reloads: the daemon runs its stages."""
+    home, log = tmp_path / "home", tmp_path / "ui.log"
+    ui = start_ui(home, log)  # nothing submitted yet: no job, no sensor loaded
+    try:
+        submitted = hangar(
+            "experiment",
+            "run",
+            str(example_dir / "experiment.yaml"),
+            home=home,
+            env={"HANGAR_WEBSERVER_URL": stall.url},  # the CLI's own request goes nowhere
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
+        deadline = time.monotonic() + 600
+        while not spec_succeeded(home, experiment_id):
+            assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(2)
+        assert "reloaded the code location: 1 active experiment(s)" in log.read_text()
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        ui.wait(timeout=120)
+
+
+def spec_succeeded(home: Path, experiment_id: str) -> bool:
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        records = instance.get_run_records(
+            dg.RunsFilter(
+                tags={TAG_EXPERIMENT: experiment_id, TAG_STAGE: "spec"},
+                statuses=[dg.DagsterRunStatus.SUCCESS],
+            )
+        )
+    return bool(records)
