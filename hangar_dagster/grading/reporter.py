@@ -350,9 +350,13 @@ def _comparisons(
                 return None
 
         stranger = new_object()
-        if ask(lambda: obj == stranger) or ask(lambda: stranger == obj):
+        equal = ask(lambda: obj == stranger)
+        if equal or ask(lambda: stranger == obj):
             return "equal to a fresh object()"
-        if ask(lambda: obj != stranger) is False:
+        # `!=` False while `==` answers False is an honest bug (a `__ne__` of `not
+        # self.__eq__(other)` gives `not NotImplemented`, as dateutil's does): it makes no
+        # equality assertion pass. Only when `==` gives no answer does it stand for one.
+        if equal is None and ask(lambda: obj != stranger) is False:
             return "not unequal to a fresh object()"
         if (ask(lambda: obj <= stranger) and ask(lambda: obj >= stranger)) or (  # type: ignore[operator]
             ask(lambda: obj < stranger) and ask(lambda: obj > stranger)  # type: ignore[operator]

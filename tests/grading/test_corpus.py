@@ -154,18 +154,32 @@ def grade(
     return graded[task_id, which, backend]
 
 
-def backend_marks(case: tuple[str, str]) -> Any:
-    return pytest.param(case, id=f"{case[0]}-{case[1]}", marks=[pytest.mark.needs_sandbox(case[1])])
+# Known, open: under the sealed grader (bwrap and Docker alike) hypothesis finds a real parver
+# bug in test_replace_roundtrip (a generated Version whose replace() raises "Must set pre_tag if
+# pre is given") that plain pytest in the same built venv, and hangar-grade run outside a
+# sandbox, do not find: one test more fails than the corpus records, on base and reference.
+# Strict: the day the grade matches plain pytest, this says so.
+DIFFERS = {
+    "parver-replace-none": "hypothesis's test_replace_roundtrip fails only in the sandbox (open)",
+}
 
 
-PARAMS = [backend_marks(c) for c in CASES]
+def backend_marks(case: tuple[str, str], counted: bool) -> Any:
+    marks: list[Any] = [pytest.mark.needs_sandbox(case[1])]
+    if counted and case[0] in DIFFERS:
+        marks.append(pytest.mark.xfail(strict=True, reason=DIFFERS[case[0]]))
+    return pytest.param(case, id=f"{case[0]}-{case[1]}", marks=marks)
+
+
+PARAMS = [backend_marks(c, counted=False) for c in CASES]
+COUNTED = [backend_marks(c, counted=True) for c in CASES]
 
 
 def counts(expected: dict[str, int]) -> dict[str, int]:
     return {"total": sum(expected.values()), **expected}
 
 
-@pytest.mark.parametrize("case", PARAMS)
+@pytest.mark.parametrize("case", COUNTED)
 def test_base_fails_with_the_recorded_counts(
     graded: Graded,
     request: pytest.FixtureRequest,
@@ -180,7 +194,7 @@ def test_base_fails_with_the_recorded_counts(
     assert base["reason"] is None and base["trust"] == TRUST
 
 
-@pytest.mark.parametrize("case", PARAMS)
+@pytest.mark.parametrize("case", COUNTED)
 def test_reference_passes_with_the_recorded_counts(
     graded: Graded,
     request: pytest.FixtureRequest,

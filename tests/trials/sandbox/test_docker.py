@@ -343,7 +343,7 @@ def test_drift_compares_the_image_the_containers_ran_with_the_pinned_one(
         def observed(image: str) -> dict[str, object]:
             info = DockerSandbox(image=image).describe()
             return environment_observed(
-                info, network=False, timeout_s=600, memory_mb=4096, build=[]
+                info, egress="allowlist", timeout_s=600, memory_mb=4096, build=[]
             )
 
         assert not check_drift({}, {}, pinned, observed(docker_base_image)).environment
