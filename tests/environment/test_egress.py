@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 BACKENDS = [
     pytest.param("bwrap", marks=pytest.mark.needs_sandbox("bwrap")),
     pytest.param("unshare", marks=pytest.mark.needs_sandbox("unshare")),
+    pytest.param("docker", marks=pytest.mark.needs_sandbox("docker")),
 ]
 
 
@@ -43,10 +44,15 @@ def settings_for(home: Path, mirror_url: str | None = None) -> Settings:
     return Settings(home=home, dagster_home=home / "dagster", package_mirror_url=mirror_url)
 
 
+def image_for(backend: str, request: pytest.FixtureRequest) -> str | None:
+    """Docker runs hangar's base image (built once per machine); the namespace sandboxes none."""
+    return str(request.getfixturevalue("docker_base_image")) if backend == "docker" else None
+
+
 def run_in(backend: str, grant_policy: Policy, settings: Settings, log: Path, argv: list[str],
-           workdir: Path) -> tuple[SandboxResult, list[dict[str, Any]]]:  # fmt: skip
+           workdir: Path, image: str | None = None) -> tuple[SandboxResult, list[dict[str, Any]]]:  # fmt: skip
     with open_egress(grant_policy, log, settings) as grant:
-        result = get_sandbox(backend).run(
+        result = get_sandbox(backend, image=image).run(
             SandboxRequest(
                 argv=grant.wrap(argv),
                 workdir=workdir,
@@ -62,13 +68,14 @@ def run_in(backend: str, grant_policy: Policy, settings: Settings, log: Path, ar
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("policy", ["none", "mirror", "allowlist"])
 def test_each_policy_reaches_only_its_list_from_a_real_sandbox(
-    backend: str, policy: Policy, tmp_path: Path
+    backend: str, policy: Policy, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     with Listener() as mirror, Listener() as outside:
         settings = settings_for(tmp_path / "home", f"{mirror.url}simple/")
         result, lines = run_in(
             backend, policy, settings, tmp_path / "egress.jsonl",
             [sys.executable, "-c", PROBE, f"{mirror.url}simple/", str(outside.port)], tmp_path,
+            image_for(backend, request),
         )  # fmt: skip
         assert result.exit_code == 0, result.stderr
         got = json.loads(result.stdout)
@@ -101,13 +108,20 @@ def test_each_policy_reaches_only_its_list_from_a_real_sandbox(
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("policy", ["none", "mirror", "allowlist"])
 def test_pip_installs_through_the_mirror_only_when_the_policy_allows_it(
-    backend: str, policy: Policy, tmp_path: Path, package_mirror: tuple[Settings, Mirror]
+    backend: str,
+    policy: Policy,
+    tmp_path: Path,
+    package_mirror: tuple[Settings, Mirror],
+    request: pytest.FixtureRequest,
 ) -> None:
     settings, mirror = package_mirror  # the embedded mirror, found running by its home
     target = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--retries", "0", "--timeout",
            "10", "--target", str(target), "six==1.16.0"]  # fmt: skip
-    result, lines = run_in(backend, policy, settings, tmp_path / "egress.jsonl", pip, tmp_path)
+    result, lines = run_in(
+        backend, policy, settings, tmp_path / "egress.jsonl", pip, tmp_path,
+        image_for(backend, request),
+    )  # fmt: skip
     if policy == "none":
         assert result.exit_code != 0
         assert not (target / "six.py").exists()
