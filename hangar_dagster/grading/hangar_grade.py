@@ -21,6 +21,8 @@ from the hidden tests directory, with an environment built from scratch:
   ``reporter`` (the trusted reporter) loads first of all.
 * ``--check-hash-based-pycs always``: a hash-based .pyc is checked against
   its source (the grader also deletes every .pyc of the repo before the run).
+* ``HYPOTHESIS_STORAGE_DIRECTORY``: a fresh private directory, since the cwd (the hidden
+  tests) is read-only (docs/grading.md, "Hypothesis").
 
 The ``args`` come from the experiment's grader command (the spec's author),
 never from the code under test.
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -119,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(err, file=sys.stderr)
         return 2
+    # hypothesis keeps its example database and caches under .hypothesis in the cwd, the
+    # read-only hidden dir: a fresh private directory instead (under the sandbox's own /tmp).
+    env["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="hangar-hypothesis-")
     os.chdir(cwd)
     os.execve(command[0], command, env)
 

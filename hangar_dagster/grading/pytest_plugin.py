@@ -74,3 +74,39 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     hidden, repo = os.environ.get("HANGAR_HIDDEN_TESTS"), os.environ.get("HANGAR_REPO")
     return f"hangar-grade: hidden tests {hidden}, repo {repo}"
+
+
+# hypothesis's settings profile for grader runs: the test's own, without the too_slow check.
+HYPOTHESIS_PROFILE = "hangar-grade"
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    # After the hidden conftests (which often load a hypothesis profile of their own), before
+    # any test module is imported: @given reads the default settings when it decorates.
+    relax_hypothesis()
+
+
+def relax_hypothesis() -> bool:
+    """Suppress hypothesis's ``too_slow`` health check in the current default profile.
+
+    That check fails a test whose first examples take more than a second to generate. In a
+    grader run every Python call goes through the trusted reporter's profile hook, which makes
+    generation several times slower than under plain pytest (docs/grading.md, "Hypothesis"):
+    hangar's own overhead must not fail a test plain pytest passes. True when hypothesis is
+    there and the profile is loaded.
+    """
+    if "hypothesis" not in sys.modules and importlib.util.find_spec("hypothesis") is None:
+        return False
+    try:
+        hypothesis = importlib.import_module("hypothesis")
+        settings, too_slow = hypothesis.settings, hypothesis.HealthCheck.too_slow
+    except (ImportError, AttributeError):  # not the hypothesis this knows: leave it alone
+        return False
+    current = settings.default
+    settings.register_profile(
+        HYPOTHESIS_PROFILE,
+        parent=current,
+        suppress_health_check=[*current.suppress_health_check, too_slow],
+    )
+    settings.load_profile(HYPOTHESIS_PROFILE)
+    return True

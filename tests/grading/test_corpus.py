@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +155,12 @@ def grade(
     return graded[task_id, which, backend]
 
 
-# Known, open: under the sealed grader (bwrap and Docker alike) hypothesis finds a real parver
-# bug in test_replace_roundtrip (a generated Version whose replace() raises "Must set pre_tag if
-# pre is given") that plain pytest in the same built venv, and hangar-grade run outside a
-# sandbox, do not find: one test more fails than the corpus records, on base and reference.
-# Strict: the day the grade matches plain pytest, this says so.
-DIFFERS = {
-    "parver-replace-none": "hypothesis's test_replace_roundtrip fails only in the sandbox (open)",
-}
+# Tasks whose grade knowingly differs from the corpus record (strict xfail: the day the grade
+# matches plain pytest, this says so). None now. parver-replace-none was one: its hypothesis test
+# failed the too_slow health check in every grader run (the reporter's profile hook slows data
+# generation several times over), until hangar-grade turned that check off
+# (test_hypothesis_too_slow_check_is_off_in_a_grader_run pins it).
+DIFFERS: dict[str, str] = {}
 
 
 def backend_marks(case: tuple[str, str], counted: bool) -> Any:
@@ -221,3 +220,51 @@ def test_reference_raises_no_signal(
 ) -> None:
     ref = grade(graded, request, tmp_path_factory, case, "reference")
     assert ref["tamper_signals"] == []
+
+
+# What the hidden conftest of parver-replace-none does (a profile of its own), then what
+# hangar-grade's plugin does after the hidden conftests, in the task's real build (hypothesis 6.82).
+_RELAX = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from runner_bootstrap import register_plugin_packages
+from pathlib import Path
+register_plugin_packages(Path(sys.argv[1]).parent)
+from hypothesis import HealthCheck, settings
+settings.register_profile("own", max_examples=7, suppress_health_check=[HealthCheck.filter_too_much])
+settings.load_profile("own")
+from hangar_dagster.grading.pytest_plugin import relax_hypothesis
+print(relax_hypothesis(), settings.default.max_examples,
+      sorted(h.name for h in settings.default.suppress_health_check))
+"""
+
+
+@pytest.mark.needs_sandbox("bwrap")
+def test_hypothesis_too_slow_check_is_off_in_a_grader_run(
+    graded: Graded, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The cause of parver-replace-none's extra failure, pinned: in a grader run every Python
+    call passes through the trusted reporter's profile hook, so the test's first examples took
+    over a second to generate and hypothesis's too_slow health check failed it (plain pytest:
+    well under). hangar-grade's plugin keeps the test's own profile and drops that check only;
+    hangar-grade gives hypothesis a private writable storage directory."""
+    base = grade(graded, request, tmp_path_factory, ("parver-replace-none", "bwrap"), "base")
+    # hypothesis got a writable storage directory (the hidden dir, its cwd, is read-only).
+    assert "default location is unusable" not in base["output"], base["output"][-3000:]
+    settings: Settings = request.getfixturevalue("corpus_home")
+    pythons = sorted(settings.paths.builds.glob("*/venv/bin/python"))
+    python = next(
+        p for p in pythons if list(p.parent.parent.glob("lib/*/site-packages/hypothesis"))
+    )
+    grading = Path(__file__).resolve().parents[2] / "hangar_dagster" / "grading"
+    out = (
+        subprocess.run(
+            [str(python), "-I", "-c", _RELAX, str(grading)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .split(maxsplit=2)
+    )
+    assert out == ["True", "7", "['filter_too_much', 'too_slow']"]
