@@ -40,6 +40,7 @@ AGENT_BIN_DIR_VAR = "HANGAR_AGENT_BIN_DIR"
 HARNESS_REPO_VAR = "HANGAR_HARNESS_REPO"
 WEBSERVER_URL_VAR = "HANGAR_WEBSERVER_URL"
 PACKAGE_MIRROR_URL_VAR = "HANGAR_PACKAGE_MIRROR_URL"
+RUNNER_DIR_VAR = "HANGAR_RUNNER_DIR"
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class Settings:
     webserver_url: str | None = None
     # An existing package index to use as the mirror; unset: hangar starts its own (mirror.py).
     package_mirror_url: str | None = None
+    runner_dir: str | None = None  # where the runner environment is cached (default: builds/)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -151,6 +153,7 @@ class Settings:
             harness_repo=env.get(HARNESS_REPO_VAR) or None,
             webserver_url=env.get(WEBSERVER_URL_VAR) or None,
             package_mirror_url=_text(env, PACKAGE_MIRROR_URL_VAR) or None,
+            runner_dir=_text(env, RUNNER_DIR_VAR) or None,
         )
 
     @property

@@ -124,6 +124,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"needs {what}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_runner_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One runner environment for the whole session (``HANGAR_RUNNER_DIR``), not one per test
+    home: every grade and trial needs it, and it is the same everywhere. Tests that pass their
+    own ``Settings.from_env({...})`` still make theirs under the home's builds/."""
+    path = tmp_path_factory.mktemp("runner-env")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HANGAR_RUNNER_DIR", str(path))
+    yield path
+    patch.undo()
+
+
 @pytest.fixture
 def hangar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "hangar-home"

@@ -211,6 +211,8 @@ class Built:
     outputs: tuple[str, ...]  # repo-relative paths the build created (copied into each clone)
     ran_now: bool  # this call ran it (False: a cache hit)
     waited_s: float = 0.0  # what this call spent getting it (building, or waiting for a lock)
+    # False for the runner environment (environment/runner.py): a venv and no repo of its own.
+    has_repo: bool = True
 
     @property
     def venv(self) -> Path:
@@ -229,14 +231,14 @@ class Built:
         return self.root / "build.log"
 
     def mounts(self, clone: Path) -> list[Mount]:
-        """The venv read-only at its path, and ``clone`` at the build's repo path."""
-        return [
-            Mount(self.venv, str(self.venv), writable=False),
-            Mount(clone, str(self.repo), writable=True),
-        ]
+        """The venv read-only at its path, and ``clone`` at the build's repo path (if it has one)."""
+        venv = Mount(self.venv, str(self.venv), writable=False)
+        return [venv, Mount(clone, str(self.repo), writable=True)] if self.has_repo else [venv]
 
     def copy_outputs(self, clone: Path) -> None:
         """Copy what the build left in its repo (``*.egg-info``, generated files) into ``clone``."""
+        if not self.has_repo:
+            return
         for rel in self.outputs:
             src, dest = self.repo / rel, clone / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -321,9 +323,10 @@ def repeated_failure(settings: Settings, plan: BuildPlan) -> dict[str, Any] | No
 
 
 @contextlib.contextmanager
-def _key_lock(settings: Settings, plan: BuildPlan) -> Iterator[None]:
-    settings.paths.builds.mkdir(parents=True, exist_ok=True)
-    with open(settings.paths.builds / f"{plan.key}.lock", "a") as fh:
+def key_lock(directory: Path, key: str) -> Iterator[None]:
+    """One process at a time makes the cache entry ``key`` in ``directory`` (a build, the runner)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{key}.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, a crash included
         yield
 
@@ -338,7 +341,7 @@ def ensure_build(
     started = time.monotonic()
     if (hit := cached(settings, plan)) is not None:
         return replace(hit, waited_s=time.monotonic() - started)
-    with _key_lock(settings, plan):
+    with key_lock(settings.paths.builds, plan.key):
         if (hit := cached(settings, plan)) is not None:  # built while this call waited
             return replace(hit, waited_s=time.monotonic() - started)
         for stale in settings.paths.builds.glob(f".tmp-{plan.key}-*"):

@@ -80,6 +80,7 @@ def grade_by_hand(spec_path: Path, task_id: str, patch: str, settings: Settings)
             "tamper_signals": [*tamper_signals(patch), *run.run_signals],
             "touched_tests": touched_tests(patch, run.base_paths),
             "canary_files": run.canary_files,
+            "provenance": run.provenance,
             "duration_s": round(run.duration_s, 3),
             "output": run.output,
         },

@@ -32,6 +32,9 @@ class ReporterStream:
     tamper: list[tuple[str, bool]] = field(default_factory=list)  # (what, fatal)
     ended: bool = False
     garbage: int = 0  # lines that were not reporter events
+    # Where each module was loaded from when the session ended (name -> file, None: no file);
+    # None when no ``modules`` event came.
+    modules: dict[str, str | None] | None = None
 
 
 def parse_reporter(data: bytes) -> ReporterStream:
@@ -41,6 +44,7 @@ def parse_reporter(data: bytes) -> ReporterStream:
     calls: dict[str, list[str | None]] = {}
     tamper: list[tuple[str, bool]] = []
     ended, garbage = False, 0
+    modules: dict[str, str | None] | None = None
     for raw in data.decode("utf-8", errors="replace").splitlines():
         try:
             ev = json.loads(raw)
@@ -55,13 +59,18 @@ def parse_reporter(data: bytes) -> ReporterStream:
                 calls.setdefault(str(ev["id"]), []).append(None if raised is None else str(raised))
             elif kind == "tamper":
                 tamper.append((str(ev["what"]), bool(ev["fatal"])))
+            elif kind == "modules" and modules is None:
+                names, paths = ev["names"], ev["paths"]
+                if len(names) != len(paths):
+                    raise ValueError("modules: names and paths differ in length")
+                modules = {str(n): (str(p) or None) for n, p in zip(names, paths, strict=True)}
             elif kind == "end":
                 ended = True
             else:
                 garbage += 1
         except (ValueError, KeyError, TypeError):
             garbage += 1
-    return ReporterStream(start, collected, xfail, calls, tamper, ended, garbage)
+    return ReporterStream(start, collected, xfail, calls, tamper, ended, garbage, modules)
 
 
 def split_confirmed(stream: ReporterStream, run_as: RunAs | None) -> bool:

@@ -22,7 +22,6 @@ import re
 import secrets
 import shlex
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Collection
@@ -47,8 +46,10 @@ from hangar_dagster.environment.egress import (
     open_egress,
 )
 from hangar_dagster.environment.mirror import MirrorError
+from hangar_dagster.environment.runner import ensure_runner, grade_bin, runner_top_level
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.spec import Environment, Grader, hidden_path_problem
+from hangar_dagster.grading import provenance
 from hangar_dagster.grading.crosscheck import (
     ReporterStream,
     cross_check,
@@ -75,7 +76,7 @@ from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sand
 from hangar_dagster.trials.sandbox._common import Capture
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import remove_tree, write_atomic
-from hangar_dagster.util.gitrepo import GitError, apply_patch, changed_files, isolated_clone
+from hangar_dagster.util.gitrepo import GitError, apply_patch, changed_files, git, isolated_clone
 
 Runner = Literal["hangar-grade", "command"]
 
@@ -157,6 +158,10 @@ class GraderRun:
     canary_files: int = 0  # hidden files that carry the canary line
     collected: tuple[str, ...] = ()  # test ids the trusted reporter saw collected
     tests: tuple[HiddenTestResult, ...] = ()  # every testcase of the JUnit report
+    # Where the tests' modules were loaded from (grading/provenance.py ``table``), and why the
+    # grade measured other code than the repo's, when it did.
+    provenance: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    provenance_problems: tuple[str, ...] = ()
 
 
 def _short(message: str | None, canary: str) -> str | None:
@@ -421,9 +426,11 @@ def run_grader(
     a reason; a sandbox that cannot be created raises ``SandboxUnavailable``
     (infrastructure, not a grade). ``settings`` (the operator's) say where the
     mirror is; a caller without them gets this process's (``Settings.from_env``).
-    ``built``: the task's environment build; the command then runs with its venv
-    mounted and on PATH (after hangar's bin), the clone also at the build's repo path, and
-    ``$HANGAR_TEST_PYTHON`` naming the venv's python for hangar-grade.
+    ``built``: the task's environment build; without one, the runner environment
+    (environment/runner.py). Either way the command runs with that venv mounted and on PATH
+    (after a directory holding only ``hangar-grade``), the clone also at the build's repo
+    path, and ``$HANGAR_TEST_PYTHON`` naming the venv's python for hangar-grade: hangar's own
+    installed packages are never where the tests import from.
     """
     unknown = sorted(set(env_extra) - _ENV_EXTRA)
     if unknown:
@@ -433,6 +440,8 @@ def run_grader(
         )
     started = time.monotonic()
     grader = experiment.spec.grader
+    settings = settings or Settings.from_env()
+    runner_env = ensure_runner(settings)
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"grade-{_safe_label(label)}-", dir=work_root))
     pipes: list[_Pipe] = []
@@ -440,10 +449,10 @@ def run_grader(
         # Sealed, or (network: mirror) the read-only package mirror and nothing else.
         policy: Policy = "mirror" if grader.network == "mirror" else "none"
         try:
-            with open_egress(policy, work / EGRESS_NAME, settings or Settings.from_env()) as grant:
+            with open_egress(policy, work / EGRESS_NAME, settings) as grant:
                 return _run_sealed(
                     experiment, task_id, patch, label, env_extra, expected_tests, started,
-                    work, pipes, grant, built,
+                    work, pipes, grant, built or runner_env, runner_env,
                 )  # fmt: skip
         except (MirrorError, EgressError) as err:
             return _failed(f"grader network mirror: {err}", started)
@@ -464,7 +473,8 @@ def _run_sealed(
     work: Path,
     pipes: list[_Pipe],
     grant: EgressGrant,
-    built: Built | None,
+    built: Built,
+    runner_env: Built,
 ) -> GraderRun:
     """``run_grader`` in its work dir with its way out (``grant``); ``pipes`` are closed by it."""
     grader = experiment.spec.grader
@@ -472,6 +482,10 @@ def _run_sealed(
     canary = experiment.canary
     repo, hidden = work / "repo", work / "hidden"
     isolated_clone(task.repo, task.base_sha, repo)
+    # The repo's own modules, from the base tree: a patch deleting one leaves it the repo's.
+    own_modules = provenance.repo_modules(
+        git("ls-files", "-z", cwd=repo).split("\0"), grader.pythonpath
+    )
     base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
     try:
         apply_patch(repo, patch)
@@ -479,8 +493,7 @@ def _run_sealed(
         return _failed(
             f"patch does not apply: {mask(str(err), canary)}", started, base_paths=base_paths
         )
-    if built is not None:
-        built.copy_outputs(repo)  # what the build left in its repo (*.egg-info)
+    built.copy_outputs(repo)  # what the build left in its repo (*.egg-info)
     _purge_bytecode(repo)
     static = static_signals(repo, patch)  # before any code of the patch runs
     files = hidden_files_for(experiment, task_id)
@@ -515,20 +528,22 @@ def _run_sealed(
         "HANGAR_EXPERIMENT": experiment.experiment_id,
         # The repo's import roots (relative to it): hangar-grade puts them first on sys.path.
         "HANGAR_PYTHONPATH": ":".join(grader.pythonpath),
+        "HANGAR_REPO_MODULES": ":".join(own_modules),
         **env_extra,
         **grant.env,
-        # The venv's bin first, so `hangar-grade` and `python` are hangar's own.
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        # hangar-grade (alone in its directory) first, then the test environment's bin
+        # (inserted by the built sandbox): `python` and `pytest` are the test environment's.
+        "PATH": f"{grade_bin(runner_env)}:/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",
         "LANG": "C.UTF-8",
     }
     environment = experiment.spec.environment
     labels = {"hangar.experiment": experiment.experiment_id, "hangar.grade": label}
     sandbox = get_sandbox(environment.sandbox, image=environment.image, labels=labels)
-    if built is not None:
-        env["HANGAR_TEST_PYTHON"] = str(built.python)
-        # After hangar's bin: the `hangar-grade` found first stays hangar's own.
-        sandbox = built.sandbox(sandbox, repo, venv_first=False)
+    env["HANGAR_TEST_PYTHON"] = str(built.python)
+    # After grade-bin: the `hangar-grade` found first stays hangar's own.
+    sandbox = built.sandbox(sandbox, repo, venv_first=False)
+    mounts.append(Mount(grade_bin(runner_env), str(grade_bin(runner_env)), writable=False))
     result = sandbox.run(
         SandboxRequest(
             argv=grant.wrap(["/bin/sh", "-c", grader.command]),
@@ -553,6 +568,19 @@ def _run_sealed(
     stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
     problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
     signals = [*static, *signals]
+    where: dict[str, dict[str, str]] = {}
+    misplaced: list[str] = []
+    if stream is not None and stream.modules is not None:
+        places = provenance.Places(
+            repos=(str(repo), *((str(built.repo),) if built.has_repo else ())),
+            hidden=str(hidden_dir),
+            venv=str(built.venv),
+            runner_top_level=frozenset(runner_top_level(runner_env)),
+            hangar=str(Path(provenance.__file__).resolve().parents[1]),
+        )
+        where = provenance.table(stream.modules, places)
+        misplaced = provenance.violations(stream.modules, own_modules, places, str(repo))
+        problems.extend(misplaced)
     if len(report_bytes) > _REPORT_CAP:
         problems.append("the trusted reporter's stream is over its size cap")
     if hidden_digest is not None and tree_digest(hidden) != hidden_digest:
@@ -598,6 +626,8 @@ def _run_sealed(
         canary_files=canary_files,
         collected=tuple(stream.collected or ()) if stream is not None else (),
         tests=per_test_results(junit, stream, canary),
+        provenance=where,
+        provenance_problems=tuple(mask(misplaced, canary)),
     )
 
 
@@ -694,7 +724,7 @@ def grade_trial(
                 env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
                 expected_tests=base_check.expected_tests if base_check is not None else (),
                 built=built,
-                settings=settings,
+                settings=build_settings(paths, settings),
             )
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     grade = GradeRecord(
@@ -725,6 +755,7 @@ def grade_trial(
         grader_digest=experiment.grader_digest,
         duration_s=run.duration_s,
         canary_files=run.canary_files,
+        provenance=run.provenance,
     )
     base = base_check.base_outcomes if base_check is not None else None
     return grade.with_tests([grade_test(grade, t, (base or {}).get(t.test_id)) for t in run.tests])
@@ -837,9 +868,10 @@ def check_base(
             f"{', cached' if not built.ran_now else ''}) ===\n"
             f"{built.log.read_text(errors='replace')}\n"
         )
+    grade_settings = build_settings(paths, settings)
     base = run_grader(
         experiment, task_id, "", label=f"base-{task_id}", work_root=work_root, env_extra=env,
-        settings=settings,
+        settings=grade_settings,
         built=built,
     )  # fmt: skip
     reasons: list[str] = []
@@ -851,13 +883,17 @@ def check_base(
     if task.reference_patch is not None:
         ref = run_grader(
             experiment, task_id, task.reference_patch,
-            label=f"reference-{task_id}", work_root=work_root, env_extra=env, settings=settings,
-            built=built,
+            label=f"reference-{task_id}", work_root=work_root, env_extra=env,
+            settings=grade_settings, built=built,
         )  # fmt: skip
         if not ref.passed:
             reasons.append(
                 f"hidden tests fail on reference_patch ({ref.reason or _failing(ref.counts)})"
             )
+    misplaced = [*base.provenance_problems, *(ref.provenance_problems if ref else ())]
+    if misplaced:
+        # Not a verdict on the task: the grade would have measured another copy of its code.
+        reasons = [f"grading setup: {misplaced[0]} (the task itself was not judged)"]
     log = f"{mask(build_log, experiment.canary)}=== base ({task.base_sha}) ===\n{base.output}"
     if ref is not None:
         log += f"\n=== reference_patch ===\n{ref.output}"
@@ -881,4 +917,6 @@ def check_base(
         base_outcomes={t.test_id: t.outcome for t in base.tests},
         build_digest=plan.digest if plan is not None else None,
         build_s=round(built.duration_s if built.ran_now else 0.0, 3) if built else None,
+        provenance=base.provenance,
+        setup_error=bool(misplaced),
     )

@@ -51,7 +51,7 @@ REQUIRED_ENV = ("HANGAR_HIDDEN_TESTS", "HANGAR_REPO", "HANGAR_GRADE_JUNIT")
 # A named list, not a HANGAR_* prefix, so nothing can smuggle a variable through by its name.
 _KEEP = (
     *REQUIRED_ENV, "HANGAR_GRADE_OUT", "HANGAR_GRADE_REPORT", "HANGAR_TRIAL", "HANGAR_TASK", "HANGAR_VARIANT",
-    "HANGAR_EXPERIMENT", "HANGAR_PYTHONPATH", "HANGAR_TEST_PYTHON", "PATH", "HOME", "LANG",
+    "HANGAR_EXPERIMENT", "HANGAR_PYTHONPATH", "HANGAR_TEST_PYTHON", "HANGAR_REPO_MODULES", "PATH", "HOME", "LANG",
     "LC_ALL", "TZ",
 )  # fmt: skip
 BOOTSTRAP = Path(__file__).with_name("runner_bootstrap.py")

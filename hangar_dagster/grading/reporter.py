@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import importlib.machinery
 import inspect
 import os
 import re
@@ -417,7 +418,9 @@ def _comparisons(
 _GROWING = ("builtins.",)
 
 
-def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[..., Any], ...]:
+def _install(
+    report_path: str, repo: str, junit_path: str, repo_modules: str = ""
+) -> tuple[Callable[..., Any], ...]:
     """Open the report pipe, send ``start``, install the audit hook; return the pytest hooks.
 
     Every name the hooks and the checks use is bound here, so they reach nothing
@@ -452,6 +455,14 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
     hookexec: list[object] = []
     log_xmls: list[_pytest.junitxml.LogXML] = []  # the LogXML instance, at session start
     collected: dict[str, object] = {}  # each test's code object when collection ended
+    # For provenance (grading/provenance.py): the interpreter's module table, the repo's own
+    # top-level modules (the grader read them from the base tree).
+    modules, module_type, module_spec = (
+        sys.modules,
+        types.ModuleType,
+        importlib.machinery.ModuleSpec,
+    )
+    repo_own = frozenset(n for n in repo_modules.split(":") if n)
 
     def tamper(what: str, fatal: bool) -> None:
         if what not in seen:
@@ -743,9 +754,38 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
         send("call", id=test_id, raised=None)
         return result
 
+    def loaded_from() -> None:
+        """Send where each top-level module, and each module of the repo's own, was loaded from.
+
+        Read from the module's ``__spec__`` through its ``__dict__`` (no attribute lookup that
+        code under test could hook); a namespace package by its first search location.
+        """
+        loaded, paths = [], []
+        for name, module in ordered(modules.items()):
+            top = text.partition(name, ".")[0] if kind(name) is text else ""
+            if not top or ("." in name and top not in repo_own) or kind(module) is not module_type:
+                continue
+            spec = names(module).get("__spec__")
+            path = None
+            if kind(spec) is module_spec:
+                origin = names(spec).get("origin")
+                if kind(origin) is text and origin not in ("built-in", "frozen"):
+                    path = origin
+                else:
+                    locations = names(spec).get("submodule_search_locations")
+                    search = locations if kind(locations) is list else []
+                    for location in search:  # type: ignore[union-attr]
+                        if kind(location) is text:
+                            path = location
+                            break
+            loaded.append(name)
+            paths.append(path or "")
+        send("modules", names=loaded, paths=paths)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         check(session.config)
+        loaded_from()
         send("end", exitstatus=integer(exitstatus))
 
     hooks = (pytest_configure, pytest_sessionstart, pytest_collection_finish, pytest_pyfunc_call,
@@ -754,7 +794,7 @@ def _install(report_path: str, repo: str, junit_path: str) -> tuple[Callable[...
     own = (send, tamper, junit_id, repo_file, audit, profile, shadowed, check, test_code, *hooks,
            raised_by_repo, expects_failure, unittest_results_of, verdict, take_snapshot, _writer,
            _snapshotter, is_patch, where, provenance_audit, watch, probe, _provenance,
-           _comparisons)  # fmt: skip
+           _comparisons, loaded_from)  # fmt: skip
     codes = tuple((f, f.__code__) for f in own)
     status = {}
     with open("/proc/self/status") as f:
@@ -782,5 +822,8 @@ if os.environ.get(REPORT_ENV) and os.environ.get("HANGAR_REPO"):
         pytest_runtest_teardown,
         pytest_sessionfinish,
     ) = _install(
-        os.environ[REPORT_ENV], os.environ["HANGAR_REPO"], os.environ.get("HANGAR_GRADE_JUNIT", "")
+        os.environ[REPORT_ENV],
+        os.environ["HANGAR_REPO"],
+        os.environ.get("HANGAR_GRADE_JUNIT", ""),
+        os.environ.get("HANGAR_REPO_MODULES", ""),
     )

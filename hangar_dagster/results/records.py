@@ -100,6 +100,11 @@ class BaseCheckRecord(Record):
     # it took to build (0 when it was cached); its log is builds/<key>/build.log. None: no build.
     build_digest: str | None = None
     build_s: float | None = None
+    # Where the base run's modules were loaded from (grading/provenance.py): {module: {from, path}}.
+    provenance: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # The check could not judge the task: a module of the repo was loaded from another copy
+    # (``reason`` names it and both places). The task is left out like an invalid one.
+    setup_error: bool = False
 
 
 class TrialRecord(Record):
@@ -171,6 +176,8 @@ class GradeRecord(Record):
     grader_digest: str
     duration_s: float
     canary_files: int = 0  # hidden files that carried the canary line in this grader run
+    # Where the hidden tests' modules were loaded from: {module: {from, path}} (docs/grading.md).
+    provenance: dict[str, dict[str, str]] = Field(default_factory=dict)
     # Not a column: the grade's per-test rows, which Store.put writes to grade_tests with it.
     _tests: list[GradeTestRecord] = PrivateAttr(default_factory=list)
 

@@ -42,6 +42,7 @@ from typing import Any
 from hangar_dagster.environment.build import BuildFailed, ensure_build, plan_build
 from hangar_dagster.environment.egress import EgressError, EgressGrant, open_egress
 from hangar_dagster.environment.mirror import MirrorError
+from hangar_dagster.environment.runner import ensure_runner
 from hangar_dagster.experiment.drift import (
     Drift,
     check_drift,
@@ -257,6 +258,10 @@ def _prepare(
         # Build outputs are the environment's, not the agent's: diff against the built tree.
         base = _snapshot(repo, git_dir)
         sandbox = built.sandbox(sandbox, repo)
+    else:
+        # No build: the runner environment, so the agent's and verify's `python` never is
+        # hangar's own (whose packages would stand in for the repo's).
+        sandbox = ensure_runner(settings).sandbox(sandbox, repo)
     return sandbox, harness, git_dir, base
 
 

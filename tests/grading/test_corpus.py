@@ -16,10 +16,13 @@ namespace sandbox and on Docker.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import pytest
 import yaml
 
 from hangar_dagster.grading.by_hand import grade_by_hand, read_patch_file
+from hangar_dagster.grading.provenance import repo_modules
 from hangar_dagster.settings import Settings
 from hangar_dagster.util.gitrepo import git
 from tests.conftest import CORPUS, EXAMPLE
@@ -220,6 +224,53 @@ def test_reference_raises_no_signal(
 ) -> None:
     ref = grade(graded, request, tmp_path_factory, case, "reference")
     assert ref["tamper_signals"] == []
+
+
+@functools.cache
+def repo_packages(task_id: str) -> list[str]:
+    """The task repo's own top-level modules, read from its base tree as the grader reads them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        git("clone", "-q", "--bare", str(CORPUS / task_id / "repo.bundle"), tmp)
+        files = git("ls-tree", "-r", "--name-only", TASKS[task_id]["base_sha"], cwd=Path(tmp))
+    return repo_modules(files.splitlines(), [TASKS[task_id]["import_root"]])
+
+
+def installed_beside_hangar(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.parametrize("case", PARAMS)
+def test_the_repos_own_package_is_what_was_graded(
+    graded: Graded,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    case: tuple[str, str],
+) -> None:
+    """Issue 18: every repo package the hidden tests imported came from the repo, as recorded in
+    the grade's provenance, above all those also installed where hangar runs (packaging,
+    dateutil, pathspec, tomli here: hangar's own would otherwise stand in)."""
+    task_id = case[0]
+    own = repo_packages(task_id)
+    assert own, f"{task_id}: no package found in the base tree"
+    for which in ("base", "reference"):
+        where = grade(graded, request, tmp_path_factory, case, which)["provenance"]
+        imported = [name for name in own if name in where]
+        assert imported, f"{task_id} {which}: none of {own} in the provenance {sorted(where)}"
+        for name in imported:
+            assert where[name]["from"] == "repo", (task_id, which, name, where[name])
+        # Nothing of hangar's own environment: every module is the repo's, the hidden tests',
+        # the runner's, the build's, hangar's trusted plugins' or the standard library's.
+        assert {e["from"] for e in where.values()} <= {"repo", "hidden_tests", "runner", "build", "hangar"}, where  # fmt: skip
+        assert not any("/.venv/" in e["path"] for e in where.values()), where
+
+
+def test_corpus_has_tasks_whose_package_hangar_also_has() -> None:
+    # The check above means most for these: without separate interpreters they measured
+    # hangar's copy. Which ones is read here, not assumed.
+    shadowed = {tid for tid in TASKS if any(installed_beside_hangar(n) for n in repo_packages(tid))}
+    assert {"packaging-wheel-name-newline", "packaging-marker-trailing-newline"} <= shadowed, (
+        shadowed
+    )
 
 
 # What the hidden conftest of parver-replace-none does (a profile of its own), then what
