@@ -45,7 +45,12 @@ def ran(
 
 def test_four_trials_one_build_and_the_known_passes(ran: tuple[Path, str]) -> None:
     home, out = ran
-    builds = [p for p in (home / "builds").iterdir() if (p / "venv").is_dir()]
+    # The task's one build; the runner environment (runner-*, no build) sits beside it.
+    builds = [
+        p
+        for p in (home / "builds").iterdir()
+        if (p / "venv").is_dir() and not p.name.startswith("runner-")
+    ]
     assert len(builds) == 1, sorted(p.name for p in (home / "builds").iterdir())
     with duckdb.connect(str(home / "hangar.duckdb"), read_only=True) as db:
         trials = db.execute(

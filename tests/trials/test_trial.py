@@ -303,6 +303,22 @@ def test_trials_of_one_task_share_one_build_and_the_agent_runs_in_its_venv(
     assert second.build_s is not None and second.build_s < 1.0
 
 
+def test_without_a_build_the_agent_and_verify_run_in_the_runner_environment(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    # Issue 18: hangar's own packages (pyyaml, pydantic, dagster) never reach a trial's python;
+    # the runner environment's pytest does, so a task's verify still runs.
+    probe = "import importlib.util as u, sys; assert not any(u.find_spec(m) for m in ('yaml', 'pydantic', 'dagster')), sys.path; import pytest"  # fmt: skip
+    agent = (
+        f'test "$(command -v python)" = "$VIRTUAL_ENV/bin/python" && python -c "{probe}" && ' + FIX
+    )
+    verify = f'python -c "{probe}" && python -m pytest -q -p no:cacheprovider --version'
+    record, _ = trial(experiment(tmp_path, upstream, agent, verify=verify), paths)
+    assert record.outcome_class == "completed", record.error
+    assert record.verify_passed is True and record.verify_exit_code == 0
+    assert record.build_digest is None  # nothing was built: the runner environment is no build
+
+
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
