@@ -35,9 +35,9 @@ SUMMARY_SCHEMA = dg.TableSchema(
     columns=[
         dg.TableColumn("variant", "string"),
         dg.TableColumn("trials", "int", description="trial keys (latest attempt each)"),
-        dg.TableColumn("graded", "int", description="counted in the pass rate"),
+        dg.TableColumn("graded", "int", description="counted trials (admissible, not flagged)"),
         dg.TableColumn("passed", "int"),
-        dg.TableColumn("pass_rate_pts", "float", description="passed / graded, in points"),
+        dg.TableColumn("pass_rate_pts", "float", description="mean of task pass rates, points"),
     ]
 )
 
