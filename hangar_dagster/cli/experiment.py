@@ -129,14 +129,18 @@ EXIT_INTERRUPTED = 130
 def _drive(settings: Settings, exp: Any) -> None:
     import datetime as dt
 
+    from hangar_dagster.cli.progress import Ticker, read_progress
     from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
     from hangar_dagster.results.report import build_report
     from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
     eid = exp.experiment_id
+    planned = len(exp.trial_keys())
+    watch = store_of(p)  # the ticker's own reader, beside the stages' store
     try:
-        drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
+        with Ticker(console, lambda elapsed: read_progress(watch, eid, planned, elapsed)):
+            drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
     except Interrupted as e:
         store = store_of(p)
         cut = [

@@ -256,6 +256,16 @@ def test_the_files_are_self_contained_and_masked(example_dir: Path, hangar_home:
     assert to_html(report, None).count("<img") == 0
 
 
+def test_the_figure_draws_a_variant_at_0_and_one_at_100_pts(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # Wilson's bound at 0 pts is 5.6e-15, past the rate: a negative error bar for matplotlib
+    edges = {"plain": {"median": [False] * 3}, "skill": {"median": [True] * 3}}
+    exp, store = stored(spec_file(example_dir, "edges"), edges)
+    written = write_report(build_report(exp, store), hangar_home / "edges", exp.canary)
+    assert written.figure.read_bytes().startswith(b"\x89PNG")
+
+
 def test_the_json_carries_every_figure(example_dir: Path, hangar_home: Path) -> None:
     exp, store = stored(spec_file(example_dir, "json"))
     data = to_json(build_report(exp, store))
