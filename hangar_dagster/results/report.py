@@ -461,6 +461,16 @@ def _failed_order(r: Row) -> tuple[int, float, str]:
     return (rank, share, r.trial_key)
 
 
+def counted_outcomes(exp: ResolvedExperiment, store: Store) -> dict[str, dict[str, list[bool]]]:
+    """{variant: {task: [passed?, ...]}} over the counted trials, as the report's rates read
+    them: what `hangar experiment compare` pairs between two experiments."""
+    eid = exp.experiment_id
+    grades = {g.trial_key: g for g in store.grades(eid)}
+    invalid = {t: c.reason for t, c in store.base_checks(eid).items() if c.invalid}
+    rows = _rows(store.trials(eid), grades, {}, invalid)
+    return {name: out for name in exp.variants if (out := outcomes(rows, name))}
+
+
 def build_report(exp: ResolvedExperiment, store: Store) -> Report:
     eid = exp.experiment_id
     spec = exp.spec
