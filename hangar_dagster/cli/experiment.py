@@ -369,6 +369,7 @@ def report_cmd(
                 "markdown": str(written.markdown),
                 "html": str(written.html),
                 "figure": str(written.figure),
+                "trial_pages": [str(t) for t in written.trials],
             }
         }
         print(json.dumps(redact(data, exp.canary), indent=2))
@@ -379,7 +380,10 @@ def report_cmd(
             console.print(f"  {word}: {escape(str(redact(line, exp.canary)))}")
     for line in report.readback:
         console.print(f"[yellow]readback:[/] {escape(line)}")
-    console.print(f"wrote {written.markdown}, {written.html.name} and {written.figure.name}")
+    console.print(
+        f"wrote {written.markdown}, {written.html.name}, {written.figure.name} and "
+        f"{len(written.trials)} trial page(s) under trials/"
+    )
 
 
 @app.command("compare")

@@ -21,7 +21,12 @@ def test_report_writes_the_three_files_and_prints_five_lines_and_the_readback(
     out = tmp_path / "report"
     done = hangar("experiment", "report", exp.experiment_id, "-o", str(out), home=hangar_home)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["figure.png", "report.html", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "figure.png",
+        "report.html",
+        "report.md",
+        "trials",
+    ]
     assert (out / "figure.png").read_bytes().startswith(b"\x89PNG")
     text = " ".join(done.stdout.split())  # rich wraps long lines
     for word in ("Changed:", "Moved:", "Why:", "Learned:", "Reproduce:"):
