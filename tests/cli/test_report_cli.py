@@ -132,3 +132,22 @@ def test_compare_without_shared_tasks_is_a_json_error_with_json(
     assert "same tasks" in error["fix"]
     gone = hangar("experiment", "compare", "only-plain", "no-such", "--json", home=hangar_home)
     assert gone.returncode == 2 and "no experiment 'no-such'" in json.loads(gone.stdout)["error"]
+
+
+def test_get_json_carries_every_figure_of_the_report(example_dir: Path, hangar_home: Path) -> None:
+    exp, _ = stored(spec_file(example_dir, "cli-get-json"))
+    got = json.loads(
+        hangar("experiment", "get", exp.experiment_id, "--json", home=hangar_home).stdout
+    )
+    report = got["report"]
+    rows = {r["variant"]: r for r in report["table"]}
+    assert (rows["plain"]["pass_rate_pts"], rows["plain"]["ci_low_pts"]) == (44.4, 9.2)
+    skill = next(v for v in report["variants"] if v["name"] == "skill")
+    assert skill["difference"]["p_value"] == 0.25 and skill["power"]["mde_pts"] is not None
+    assert skill["rate"]["n_eff"] > 0 and set(skill["lines"]) >= {"Changed", "Why"}
+    assert report["readback"] and len(report["trial_pages"]) == 18
+    # the summary table's rate is the report's (one definition)
+    assert {s["variant"]: s["pass_rate_pts"] for s in got["summary"]} == {
+        "plain": 44.4,
+        "skill": 77.8,
+    }
