@@ -129,14 +129,18 @@ EXIT_INTERRUPTED = 130
 def _drive(settings: Settings, exp: Any) -> None:
     import datetime as dt
 
+    from hangar_dagster.cli.progress import Ticker, read_progress
     from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
     from hangar_dagster.results.report import build_report
     from hangar_dagster.results.summary import unfinished
 
     p = settings.paths
     eid = exp.experiment_id
+    planned = len(exp.trial_keys())
+    watch = store_of(p)  # the ticker's own reader, beside the stages' store
     try:
-        drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
+        with Ticker(console, lambda elapsed: read_progress(watch, eid, planned, elapsed)):
+            drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
     except Interrupted as e:
         store = store_of(p)
         cut = [
@@ -365,6 +369,7 @@ def report_cmd(
                 "markdown": str(written.markdown),
                 "html": str(written.html),
                 "figure": str(written.figure),
+                "trial_pages": [str(t) for t in written.trials],
             }
         }
         print(json.dumps(redact(data, exp.canary), indent=2))
@@ -375,7 +380,75 @@ def report_cmd(
             console.print(f"  {word}: {escape(str(redact(line, exp.canary)))}")
     for line in report.readback:
         console.print(f"[yellow]readback:[/] {escape(line)}")
-    console.print(f"wrote {written.markdown}, {written.html.name} and {written.figure.name}")
+    console.print(
+        f"wrote {written.markdown}, {written.html.name}, {written.figure.name} and "
+        f"{len(written.trials)} trial page(s) under trials/"
+    )
+
+
+@app.command("compare")
+def compare_cmd(
+    before: Annotated[str, typer.Argument(help="The earlier experiment (id or name).")],
+    after: Annotated[str, typer.Argument(help="The later experiment (id or name).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
+) -> None:
+    """Compare two experiments that share tasks (last night against tonight), variant by
+    variant: each rate with its interval and n, the paired difference, power and flips."""
+    from dataclasses import asdict
+
+    from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.results import stats
+    from hangar_dagster.results.report import counted_outcomes
+
+    p = paths()
+    store = store_of(p)
+    a, b = (load_resolved(p, _found(p, n, as_json).experiment_id) for n in (before, after))
+    decide = b.spec.decide or a.spec.decide
+    min_effect = decide.min_effect_pts if decide is not None else None
+    try:
+        pairs = stats.compare_experiments(
+            counted_outcomes(a, store), counted_outcomes(b, store), min_effect_pts=min_effect
+        )
+    except stats.NoSharedTasks as e:
+        _fail(
+            as_json,
+            f"{a.experiment_id} and {b.experiment_id}: {e}",
+            "compare experiments that ran the same tasks under the same variant names",
+        )
+    if as_json:
+        data = {
+            "before": a.experiment_id,
+            "after": b.experiment_id,
+            "min_effect_pts": min_effect,
+            "variants": {
+                name: asdict(c)
+                | {
+                    "before_label": c.baseline.label,
+                    "after_label": c.variant.label,
+                    "difference_label": c.difference.label,
+                    "power_label": c.power.label,
+                }
+                for name, c in pairs.items()
+            },
+        }
+        print(json.dumps(data, indent=2, default=str))
+        return
+    console.print(f"[bold]{a.experiment_id}[/] ({a.name}) -> [bold]{b.experiment_id}[/] ({b.name})")
+    for name, c in pairs.items():
+        console.print(f"[bold]{escape(name)}[/]: {c.baseline.label} -> {c.variant.label}")
+        console.print(f"  after - before: {c.difference.label}")
+        console.print(f"  power: {escape(c.power.label)}")
+        for f in c.flips:
+            console.print(f"  {escape(f.label)}")
+
+
+def _fail(as_json: bool, error: str, fix: str) -> NoReturn:
+    """Exit 2 with ``error`` and its ``fix``: JSON on stdout with --json, else on stderr."""
+    if as_json:
+        print(json.dumps({"error": error, "fix": fix}))
+    else:
+        err.print(f"[red]refused:[/] {escape(error)}; {escape(fix)}")
+    raise typer.Exit(2)
 
 
 def _found(p: HangarPaths, name_or_id: str, as_json: bool) -> Any:
@@ -384,16 +457,11 @@ def _found(p: HangarPaths, name_or_id: str, as_json: bool) -> Any:
         return find_experiment(p, name_or_id)
     record = store_of(p).find_experiment(name_or_id)
     if record is None:
-        print(
-            json.dumps(
-                {
-                    "error": f"no experiment {name_or_id!r} under {p.home}",
-                    "fix": "`hangar experiment list` shows the experiments; "
-                    "`hangar experiment run SPEC` submits one",
-                }
-            )
+        _fail(
+            True,
+            f"no experiment {name_or_id!r} under {p.home}",
+            "`hangar experiment list` shows the experiments; `hangar experiment run SPEC` submits one",
         )
-        raise typer.Exit(2)
     return record
 
 

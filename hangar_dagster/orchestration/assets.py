@@ -32,7 +32,9 @@ from hangar_dagster.orchestration import metadata as md
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import partition_key_of, partitions, trial_key_of
 from hangar_dagster.queue.restarts import StartedMarker
+from hangar_dagster.results.records import GradeRecord
 from hangar_dagster.results.report import build_report, report_dir, write_report
+from hangar_dagster.results.report_trials import Evidence, page_path, write_trial_page
 from hangar_dagster.results.summary import summarize
 from hangar_dagster.trials.stage import run_trials
 
@@ -161,9 +163,22 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             in_flight=in_flight,
             log=context.log,
         )
+        pages = {
+            k: write_trial_page(
+                page_path(hangar.paths, exp.experiment_id, k.key),
+                f"{exp.name} ({exp.experiment_id})",
+                Evidence(p.record, None, ()),
+                exp.canary,
+            )
+            for k, p in ran.items()
+            if p.record is not None
+        }
         _report(
             context,
-            ((partition_key_of(k), md.trial_metadata(p, exp.canary)) for k, p in ran.items()),
+            (
+                (partition_key_of(k), md.trial_metadata(p, exp.canary, pages.get(k)))
+                for k, p in ran.items()
+            ),
         )
 
     @dg.asset(
@@ -194,9 +209,39 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             _trial_keys(context),
             hangar.settings(),
         )
+        store = hangar.store()
+        latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+        url = hangar.settings().webserver_url
+
+        def links(k: TrialKey, g: GradeRecord) -> md.TrialLinks | None:
+            trial = latest.get(k.key)
+            if trial is None or trial.attempt != g.attempt:
+                return None
+            tests = tuple(
+                t for t in store.grade_tests(exp.experiment_id, k.key) if t.attempt == g.attempt
+            )
+            page = write_trial_page(
+                page_path(hangar.paths, exp.experiment_id, k.key),
+                f"{exp.name} ({exp.experiment_id})",
+                Evidence(trial, g, tests),
+                exp.canary,
+            )
+            pk = partition_key_of(k)
+            return md.TrialLinks(
+                trial.run_id, trials.key, pk, md.partition_url(url, trials.key, pk), page
+            )
+
         _report(
             context,
-            ((partition_key_of(k), md.grade_metadata(p, exp.canary)) for k, p in graded.items()),
+            (
+                (
+                    partition_key_of(k),
+                    md.grade_metadata(
+                        p, exp.canary, links(k, p.grade) if p.grade is not None else None
+                    ),
+                )
+                for k, p in graded.items()
+            ),
         )
 
     @dg.asset(

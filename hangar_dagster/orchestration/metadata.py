@@ -9,9 +9,13 @@ before redaction.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import dagster as dg
 
@@ -35,9 +39,9 @@ SUMMARY_SCHEMA = dg.TableSchema(
     columns=[
         dg.TableColumn("variant", "string"),
         dg.TableColumn("trials", "int", description="trial keys (latest attempt each)"),
-        dg.TableColumn("graded", "int", description="counted in the pass rate"),
+        dg.TableColumn("graded", "int", description="counted trials (admissible, not flagged)"),
         dg.TableColumn("passed", "int"),
-        dg.TableColumn("pass_rate_pts", "float", description="passed / graded, in points"),
+        dg.TableColumn("pass_rate_pts", "float", description="mean of task pass rates, points"),
     ]
 )
 
@@ -134,7 +138,19 @@ def base_check_metadata(part: BaseCheckPartition) -> Metadata:
     )
 
 
-def trial_metadata(part: TrialPartition, canary: str) -> Metadata:
+def _page(page: Path | None) -> dg.MetadataValue[Any] | None:
+    return dg.MetadataValue.path(str(page)) if page is not None else None
+
+
+def partition_url(webserver_url: str | None, asset_key: dg.AssetKey, partition: str) -> str | None:
+    """The UI's page of one partition of an asset (None without a known webserver URL)."""
+    if not webserver_url:
+        return None
+    path = "/".join(quote(p, safe="") for p in asset_key.path)
+    return f"{webserver_url.rstrip('/')}/assets/{path}?view=partitions&partition={quote(partition, safe='')}"
+
+
+def trial_metadata(part: TrialPartition, canary: str, page: Path | None = None) -> Metadata:
     if part.skipped is not None:
         return {"skipped": part.skipped}
     if part.record is None:
@@ -158,14 +174,36 @@ def trial_metadata(part: TrialPartition, canary: str) -> Metadata:
         "duration_s": round(t.duration_s, 2),
         "patch_bytes": t.patch_bytes,
         "artifacts": dg.MetadataValue.path(t.artifacts_dir),
+        # patch, trace, verify output (and, once graded, the grade log and per-test results)
+        "evidence": _page(page),
     }
     return _present(redact(metadata, canary))
 
 
-def grade_metadata(part: GradePartition, canary: str) -> Metadata:
+@dataclass(frozen=True)
+class TrialLinks:
+    """Where a grade's trial is: its run, its asset (and partition) and its evidence page."""
+
+    run_id: str | None
+    asset: dg.AssetKey
+    partition: str
+    url: str | None = None  # the partition's page in the UI, when the webserver URL is known
+    page: Path | None = None
+
+
+def grade_metadata(part: GradePartition, canary: str, trial: TrialLinks | None = None) -> Metadata:
     if part.grade is None:
         return {"skipped": part.skipped}
     g = part.grade
+    links: Metadata = {}
+    if trial is not None:
+        links = {
+            "trial_run": _run(trial.run_id),
+            "trial_asset": dg.MetadataValue.asset(trial.asset),
+            "trial_partition": trial.partition,
+            "trial_materialization": dg.MetadataValue.url(trial.url) if trial.url else None,
+            "evidence": _page(trial.page),
+        }
     metadata = {
         "trial_key": g.trial_key,
         "attempt": g.attempt,
@@ -179,6 +217,7 @@ def grade_metadata(part: GradePartition, canary: str) -> Metadata:
         "contamination": _joined(g.contamination),
         "task_invalid": g.task_invalid,
         "graded_in_run": _run(g.run_id),
+        **links,
     }
     return _present(redact(metadata, canary))
 
@@ -208,6 +247,17 @@ def index_metadata(summary: IndexSummary, canary: str) -> Metadata:
     return _present(redact(metadata, canary))
 
 
+def _picture(png: Path) -> dg.MetadataValue[Any] | None:
+    try:
+        data = base64.b64encode(png.read_bytes()).decode()
+    except OSError:
+        return None
+    return dg.MetadataValue.md(
+        "![pass rate per variant and the paired difference against the baseline]"
+        f"(data:image/png;base64,{data})"
+    )
+
+
 def report_metadata(report: Report, written: Written, canary: str) -> Metadata:
     """The report on the index: its table, the five lines per variant as markdown, the
     readback, and the files (the picture is figure.png; report.html opens from disk)."""
@@ -235,5 +285,7 @@ def report_metadata(report: Report, written: Written, canary: str) -> Metadata:
         else None,
         "report_html": dg.MetadataValue.path(str(written.html)),
         "figure": dg.MetadataValue.path(str(written.figure)),
+        # The picture itself: the UI renders markdown images, and a data URI needs no server.
+        "picture": _picture(written.figure),
     }
     return _present(redact(metadata, canary))

@@ -33,8 +33,10 @@ def figure_png(report: Report, dpi: int = 110) -> bytes:
     try:
         xs = [names.index(v.name) for v in rated]
         pts = [v.rate.pts for v in rated if v.rate]
-        low = [v.rate.pts - v.rate.low_pts for v in rated if v.rate]
-        high = [v.rate.high_pts - v.rate.pts for v in rated if v.rate]
+        # max(0, ...): at 0 or 100 pts Wilson's bound sits a rounding error past the rate,
+        # and matplotlib refuses a negative error bar
+        low = [max(0.0, v.rate.pts - v.rate.low_pts) for v in rated if v.rate]
+        high = [max(0.0, v.rate.high_pts - v.rate.pts) for v in rated if v.rate]
         colors = [BASE if v.is_baseline else BAR for v in rated]
         left.bar(xs, pts, color=colors, yerr=[low, high], capsize=6, ecolor="#222")
         for x, v in zip(xs, rated, strict=True):
@@ -59,7 +61,10 @@ def figure_png(report: Report, dpi: int = 110) -> bytes:
             right.errorbar(
                 [x.pts for x in d],
                 ys,
-                xerr=[[x.pts - x.low_pts for x in d], [x.high_pts - x.pts for x in d]],
+                xerr=[
+                    [max(0.0, x.pts - x.low_pts) for x in d],
+                    [max(0.0, x.high_pts - x.pts) for x in d],
+                ],
                 fmt="o",
                 color=BAR,
                 capsize=6,

@@ -24,6 +24,12 @@ from hangar_dagster.queue.retries import EvidenceClass, evidence_class
 from hangar_dagster.results import stats
 from hangar_dagster.results.readback import Arm, Number, Page, readback
 from hangar_dagster.results.records import GradeRecord, GradeTestRecord, PinSetRecord, TrialRecord
+from hangar_dagster.results.report_trials import (
+    TRIALS_DIR,
+    Evidence,
+    page_name,
+    write_trial_page,
+)
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.trials.redact import redact
@@ -122,6 +128,8 @@ class Report:
     readback: tuple[str, ...]
     standin: bool  # a variant ran the scripted stand-in agent, not a model
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Per trial key, the attempt that counts with its grade and tests: the trial pages.
+    evidence: tuple[Evidence, ...] = field(default_factory=tuple)
 
     def variant(self, name: str) -> VariantReport:
         return next(v for v in self.variants if v.name == name)
@@ -461,6 +469,16 @@ def _failed_order(r: Row) -> tuple[int, float, str]:
     return (rank, share, r.trial_key)
 
 
+def counted_outcomes(exp: ResolvedExperiment, store: Store) -> dict[str, dict[str, list[bool]]]:
+    """{variant: {task: [passed?, ...]}} over the counted trials, as the report's rates read
+    them: what `hangar experiment compare` pairs between two experiments."""
+    eid = exp.experiment_id
+    grades = {g.trial_key: g for g in store.grades(eid)}
+    invalid = {t: c.reason for t, c in store.base_checks(eid).items() if c.invalid}
+    rows = _rows(store.trials(eid), grades, {}, invalid)
+    return {name: out for name in exp.variants if (out := outcomes(rows, name))}
+
+
 def build_report(exp: ResolvedExperiment, store: Store) -> Report:
     eid = exp.experiment_id
     spec = exp.spec
@@ -548,6 +566,14 @@ def build_report(exp: ResolvedExperiment, store: Store) -> Report:
             )
         )
     failed = tuple(sorted((r for r in rows if r.why is not None), key=_failed_order))
+    evidence = tuple(
+        Evidence(
+            t,
+            g if (g := grades.get(t.trial_key)) is not None and g.attempt == t.attempt else None,
+            tuple(tests.get((t.trial_key, t.attempt), [])),
+        )
+        for t in sorted(trials, key=lambda t: t.trial_key)
+    )
     report = Report(
         experiment_id=eid,
         name=exp.name,
@@ -563,6 +589,7 @@ def build_report(exp: ResolvedExperiment, store: Store) -> Report:
         failed=failed,
         readback=(),
         standin=any(v.adapter == "standin" for v in exp.variants.values()),
+        evidence=evidence,
     )
     return replace(report, readback=tuple(readback(page_of(report))))
 
@@ -828,21 +855,50 @@ def to_html(report: Report, png: bytes | None) -> str:
             "<table id=failed><tr><th>trial</th><th>attempt</th><th>class</th><th>why</th></tr>"
         )
         parts += [
-            f"<tr><td>{e(r.trial_key)}</td><td>{r.attempt}</td><td>{e(r.evidence.replace('_', ' '))}</td><td>{e(r.why or '')}</td></tr>"
+            f"<tr><td>{_trial_link(report, r.trial_key)}</td><td>{r.attempt}</td><td>{e(r.evidence.replace('_', ' '))}</td><td>{e(r.why or '')}</td></tr>"
             for r in report.failed
         ]
         parts.append("</table>")
     else:
         parts.append("<p>none</p>")
+    if report.evidence:
+        parts.append(
+            "<h2>Trials</h2><p>Each trial's page shows its patch, trace (messages and tool "
+            "calls), verify output, grade log and per-test results.</p><table id=trials>"
+            "<tr><th>trial</th><th>attempt</th><th>outcome</th><th>grade</th><th>hidden tests</th></tr>"
+        )
+        for ev in report.evidence:
+            g = ev.grade
+            grade = "-" if g is None else ("pass" if g.passed else "fail")
+            h = g.hidden_tests if g is not None else {}
+            tests = f"{h.get('passed', 0)}/{h.get('total', 0)}" if h else "-"
+            parts.append(
+                f"<tr><td>{_trial_link(report, ev.trial.trial_key)}</td><td>{ev.trial.attempt}</td>"
+                f"<td>{e(ev.trial.outcome_class)}</td><td>{grade}</td><td>{tests}</td></tr>"
+            )
+        parts.append("</table>")
     parts.append("<h2>Readback</h2><ul class=readback>")
     parts += [f"<li>{e(line)}</li>" for line in report.readback] or ["<li>clean</li>"]
     parts.append("</ul></body></html>\n")
     return "".join(parts)
 
 
+def _trial_link(report: Report, trial_key: str) -> str:
+    """The trial key, linked to its page when the report has one (relative: opens from disk)."""
+    key = html.escape(trial_key)
+    if not any(ev.trial.trial_key == trial_key for ev in report.evidence):
+        return key
+    return f'<a href="{TRIALS_DIR}/{html.escape(page_name(trial_key))}">{key}</a>'
+
+
 def to_json(report: Report) -> dict[str, Any]:
-    """Every figure of the report, JSON-able."""
-    data = asdict(report)
+    """Every figure of the report, JSON-able (the trial pages by their relative paths)."""
+    data = asdict(replace(report, evidence=()))
+    data.pop("evidence")
+    data["trial_pages"] = {
+        ev.trial.trial_key: f"{TRIALS_DIR}/{page_name(ev.trial.trial_key)}"
+        for ev in report.evidence
+    }
     data["table"] = table_rows(report)
     for v, raw in zip(report.variants, data["variants"], strict=True):
         raw["lines"] = dict(v.lines.items())
@@ -863,10 +919,12 @@ class Written:
     markdown: Path
     html: Path
     figure: Path
+    trials: tuple[Path, ...] = ()  # one page per trial key, under trials/
 
 
 def write_report(report: Report, out_dir: Path, canary: str | None) -> Written:
-    """report.md, report.html (the figure inlined) and figure.png into ``out_dir``."""
+    """report.md, report.html (the figure inlined), figure.png and a page per trial under
+    ``trials/`` into ``out_dir``: one folder that opens from disk."""
     from hangar_dagster.results.figure import figure_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -875,4 +933,9 @@ def write_report(report: Report, out_dir: Path, canary: str | None) -> Written:
     paths.figure.write_bytes(png)
     paths.markdown.write_text(str(redact(to_markdown(report), canary)))
     paths.html.write_text(str(redact(to_html(report, png), canary)))
-    return paths
+    label = f"{report.name} ({report.experiment_id})"
+    pages = tuple(
+        write_trial_page(out_dir / TRIALS_DIR / page_name(ev.trial.trial_key), label, ev, canary)
+        for ev in report.evidence
+    )
+    return replace(paths, trials=pages)

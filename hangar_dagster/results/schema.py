@@ -258,9 +258,6 @@ LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task
 QUALIFY row_number() OVER (
   PARTITION BY t.experiment_id, t.trial_key ORDER BY t.attempt DESC) = 1"""
 
-# Infra errors are excluded (they are retried), and so are grades of invalid tasks (hidden
-# tests that pass on the base can't tell a fix from no fix).
-_IN_PASS_RATE = "outcome_class <> 'infra_error' AND NOT coalesce(task_invalid, false)"
 # retries.evidence_class in SQL (tests/test_retries.py checks they agree): a ran trial is
 # an evidence failure without a grade, on an invalid task, or when no hidden test ran.
 _EXECUTION_FAILURE = "outcome_class = 'infra_error'"
@@ -268,21 +265,35 @@ _EVIDENCE_FAILURE = (
     "outcome_class <> 'infra_error' AND (passed IS NULL OR coalesce(task_invalid, false)"
     " OR coalesce(hidden_passed, 0) + coalesce(hidden_failed, 0) + coalesce(hidden_errors, 0) = 0)"
 )
+# A pass that carries a tamper or run signal is counted apart (report.Row.flagged).
+_FLAGGED = "passed AND coalesce(json_array_length(tamper_signals), 0) > 0"
+# In the headline rate (report.Row.counted, docs/report.md "What counts in a rate"):
+# admissible (neither failure class) and not a flagged pass.
+_COUNTED = f"NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE}) AND NOT ({_FLAGGED})"
+# pass_rate_pts is the report's rate: the mean over tasks of each task's share of counted
+# passes (stats.pass_rate), so the view and the report print the same number.
 SUMMARY_VIEW = f"""CREATE OR REPLACE VIEW variant_summary AS
-SELECT experiment_id, variant,
+WITH task_rates AS (
+  SELECT experiment_id, variant, task, avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS rate
+  FROM experiment_index WHERE {_COUNTED}
+  GROUP BY experiment_id, variant, task),
+rates AS (
+  SELECT experiment_id, variant, round(100 * avg(rate), 1) AS pass_rate_pts
+  FROM task_rates GROUP BY experiment_id, variant)
+SELECT i.experiment_id, i.variant,
   count(*) AS trials,
-  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed) AS passed,
-  count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL) AS graded,
-  round(100 * (count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed))::DOUBLE
-    / nullif(count(*) FILTER (WHERE {_IN_PASS_RATE} AND passed IS NOT NULL), 0), 1)
-    AS pass_rate_pts,
+  count(*) FILTER (WHERE {_COUNTED} AND passed) AS passed,
+  count(*) FILTER (WHERE {_COUNTED}) AS graded,
+  any_value(r.pass_rate_pts) AS pass_rate_pts,
   count(*) FILTER (WHERE task_invalid) AS invalid_task,
   {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)},
   count(*) FILTER (WHERE {_EXECUTION_FAILURE}) AS execution_failures,
   count(*) FILTER (WHERE {_EVIDENCE_FAILURE}) AS evidence_failures,
-  count(*) FILTER (WHERE NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})) AS admissible
-FROM experiment_index
-GROUP BY experiment_id, variant"""
+  count(*) FILTER (WHERE NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})) AS admissible,
+  count(*) FILTER (WHERE {_FLAGGED}) AS flagged_passes
+FROM experiment_index i
+LEFT JOIN rates r ON r.experiment_id = i.experiment_id AND r.variant = i.variant
+GROUP BY i.experiment_id, i.variant"""
 
 # The monthly eval budget's ledger: every attempt costs money (infra errors too), so it reads
 # `trials`, not experiment_index; a cost counts in the UTC month its attempt finished in

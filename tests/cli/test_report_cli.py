@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import hangar
-from tests.results.reports import spec_file, stored
+from tests.results.reports import DEMO, spec_file, stored
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,12 @@ def test_report_writes_the_three_files_and_prints_five_lines_and_the_readback(
     out = tmp_path / "report"
     done = hangar("experiment", "report", exp.experiment_id, "-o", str(out), home=hangar_home)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["figure.png", "report.html", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "figure.png",
+        "report.html",
+        "report.md",
+        "trials",
+    ]
     assert (out / "figure.png").read_bytes().startswith(b"\x89PNG")
     text = " ".join(done.stdout.split())  # rich wraps long lines
     for word in ("Changed:", "Moved:", "Why:", "Learned:", "Reproduce:"):
@@ -89,3 +94,60 @@ def test_get_shows_points_with_interval_and_n_the_difference_and_invalid_tasks(
 def test_get_json_of_an_unknown_experiment_is_json(hangar_home: Path) -> None:
     done = hangar("experiment", "get", "no-such", "--json", home=hangar_home)
     assert done.returncode == 2 and "no experiment" in json.loads(done.stdout)["error"]
+
+
+def test_compare_pairs_two_experiments_by_variant_and_task(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    before, _ = stored(spec_file(example_dir, "last-night"))
+    tonight = {"plain": DEMO["plain"], "skill": {t: [True] * 3 for t in DEMO["skill"]}}
+    after, _ = stored(spec_file(example_dir, "tonight"), tonight)
+    done = hangar("experiment", "compare", "last-night", "tonight", "--json", home=hangar_home)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["before"], data["after"]) == (before.experiment_id, after.experiment_id)
+    plain, skill = data["variants"]["plain"], data["variants"]["skill"]
+    assert plain["difference"]["pts"] == 0 and plain["flips"] == []
+    assert round(skill["difference"]["pts"], 1) == 22.2  # 77.8 -> 100.0, paired over 3 tasks
+    assert skill["difference"]["n_tasks"] == 3 and "p_value" in skill["difference"]
+    assert {f["task"] for f in skill["flips"]} == {"slugify", "durations"}
+    assert skill["after_label"] == "100.0 pts (95% CI " + skill["after_label"].split("CI ")[1]
+    assert "mde_pts" in skill["power"]
+    text = " ".join(
+        hangar("experiment", "compare", "last-night", "tonight", home=hangar_home).stdout.split()
+    )
+    assert "skill: 77.8 pts (95% CI " in text and "-> 100.0 pts (95% CI " in text
+    assert "after - before: +22.2 pts (95% CI " in text
+
+
+def test_compare_without_shared_tasks_is_a_json_error_with_json(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    stored(spec_file(example_dir, "only-plain"), {"plain": DEMO["plain"]})
+    stored(spec_file(example_dir, "only-skill"), {"skill": DEMO["skill"]})
+    done = hangar("experiment", "compare", "only-plain", "only-skill", "--json", home=hangar_home)
+    assert done.returncode == 2
+    error = json.loads(done.stdout)
+    assert "no variant of the two experiments shares a task" in error["error"]
+    assert "same tasks" in error["fix"]
+    gone = hangar("experiment", "compare", "only-plain", "no-such", "--json", home=hangar_home)
+    assert gone.returncode == 2 and "no experiment 'no-such'" in json.loads(gone.stdout)["error"]
+
+
+def test_get_json_carries_every_figure_of_the_report(example_dir: Path, hangar_home: Path) -> None:
+    exp, _ = stored(spec_file(example_dir, "cli-get-json"))
+    got = json.loads(
+        hangar("experiment", "get", exp.experiment_id, "--json", home=hangar_home).stdout
+    )
+    report = got["report"]
+    rows = {r["variant"]: r for r in report["table"]}
+    assert (rows["plain"]["pass_rate_pts"], rows["plain"]["ci_low_pts"]) == (44.4, 9.2)
+    skill = next(v for v in report["variants"] if v["name"] == "skill")
+    assert skill["difference"]["p_value"] == 0.25 and skill["power"]["mde_pts"] is not None
+    assert skill["rate"]["n_eff"] > 0 and set(skill["lines"]) >= {"Changed", "Why"}
+    assert report["readback"] and len(report["trial_pages"]) == 18
+    # the summary table's rate is the report's (one definition)
+    assert {s["variant"]: s["pass_rate_pts"] for s in got["summary"]} == {
+        "plain": 44.4,
+        "skill": 77.8,
+    }

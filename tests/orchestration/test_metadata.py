@@ -79,6 +79,33 @@ def test_grade_metadata_joins_signals_and_omits_empty_ones() -> None:
     }
 
 
+def test_a_grade_links_its_trials_run_materialization_and_evidence_page(tmp_path: Path) -> None:
+    trials = dg.AssetKey(["exp-1", "trials"])
+    page = tmp_path / "report" / "trials" / "base__t1__1.html"
+    links = md.TrialLinks(
+        "run-of-trial",
+        trials,
+        "base|t1.r1",
+        md.partition_url("http://127.0.0.1:3000/", trials, "base|t1.r1"),
+        page,
+    )
+    meta = md.grade_metadata(GradePartition(KEY, grade=f.grade()), CANARY, links)
+    assert meta["trial_run"] == dg.MetadataValue.dagster_run("run-of-trial")
+    assert meta["trial_asset"] == dg.MetadataValue.asset(trials)
+    assert meta["trial_partition"] == "base|t1.r1"
+    assert meta["trial_materialization"] == dg.MetadataValue.url(
+        "http://127.0.0.1:3000/assets/exp-1/trials?view=partitions&partition=base%7Ct1.r1"
+    )
+    assert meta["evidence"] == dg.MetadataValue.path(str(page))
+    # without a known webserver URL: no URL row, the asset link and the run stay
+    bare = md.grade_metadata(
+        GradePartition(KEY, grade=f.grade()), CANARY, md.TrialLinks("r", trials, "p")
+    )
+    assert "trial_materialization" not in bare and "evidence" not in bare and "trial_run" in bare
+    trial = md.trial_metadata(TrialPartition(KEY, record=f.trial()), CANARY, page)
+    assert trial["evidence"] == dg.MetadataValue.path(str(page))
+
+
 def test_base_check_metadata_has_booleans_a_run_link_and_the_log_path(tmp_path: Path) -> None:
     check = f.base_check(reference_passed=True, run_id="run-b")
     meta = md.base_check_metadata(BaseCheckPartition("t1", check, False, tmp_path / "log"))

@@ -3,6 +3,7 @@ lines, the readback and the files), and its readback check warns until the repor
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def test_the_index_shows_the_report_and_its_readback_warns(
     folder = report_dir(paths(), exp.experiment_id)
     assert meta["figure"] == dg.MetadataValue.path(str(folder / "figure.png"))
     assert (folder / "figure.png").is_file() and (folder / "report.html").is_file()
+    picture = meta["picture"]  # the figure itself, shown in the UI as a markdown image
+    assert isinstance(picture, dg.MarkdownMetadataValue) and picture.md_str is not None
+    png = base64.b64encode((folder / "figure.png").read_bytes()).decode()
+    assert picture.md_str.endswith(f"(data:image/png;base64,{png})")
+    assert len(list((folder / "trials").glob("*.html"))) == 18  # a page per trial
 
     [check] = result.get_asset_check_evaluations()
     assert (check.check_name, check.passed, check.severity) == (

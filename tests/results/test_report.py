@@ -100,6 +100,39 @@ def test_a_flagged_pass_is_counted_apart_not_in_the_headline(
     assert "flagged passes, counted apart (not in the pass rate): 1 (skill/median/3)" in md
 
 
+def test_the_summary_view_and_the_report_give_the_same_pass_rate(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # Uneven trials per task (the mean of task rates is not passes / trials), a flagged pass,
+    # an infra error left and a retried one: variant_summary and the report still agree.
+    uneven = {
+        "plain": {
+            "median": [True, False, False, False],
+            "slugify": [True],
+            "durations": [False, True],
+        },
+        "skill": {"median": [True, True, False], "slugify": [True, False], "durations": [True]},
+    }
+    exp, store = stored(
+        spec_file(example_dir, "agree"),
+        uneven,
+        flagged=["skill/median/1"],
+        infra_left=["plain/median/4"],
+        infra_then_ok=["skill/slugify/2"],
+    )
+    report = build_report(exp, store)
+    rows = {r["variant"]: r for r in store.summary(exp.experiment_id)}
+    for v in report.variants:
+        assert v.rate is not None
+        row = rows[v.name]
+        assert row["pass_rate_pts"] == round(v.rate.pts, 1), v.name
+        assert (row["graded"], row["passed"]) == (v.rate.n_trials, v.health.passed), v.name
+        assert row["flagged_passes"] == v.health.flagged_passes, v.name
+    # median/4 is the infra error: (1/3 + 1 + 1/2) / 3, not passes / trials = 3/6
+    assert rows["plain"]["pass_rate_pts"] == 61.1
+    assert rows["skill"]["flagged_passes"] == 1 and rows["skill"]["pass_rate_pts"] == 66.7
+
+
 def test_an_invalid_task_is_named_and_left_out_of_every_rate(
     example_dir: Path, hangar_home: Path
 ) -> None:
@@ -221,6 +254,16 @@ def test_the_files_are_self_contained_and_masked(example_dir: Path, hangar_home:
         assert exp.canary not in f.read_text(), f.name
     assert "44.4 (9.2-86.3)" in page and "<td>skill</td>" in page
     assert to_html(report, None).count("<img") == 0
+
+
+def test_the_figure_draws_a_variant_at_0_and_one_at_100_pts(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # Wilson's bound at 0 pts is 5.6e-15, past the rate: a negative error bar for matplotlib
+    edges = {"plain": {"median": [False] * 3}, "skill": {"median": [True] * 3}}
+    exp, store = stored(spec_file(example_dir, "edges"), edges)
+    written = write_report(build_report(exp, store), hangar_home / "edges", exp.canary)
+    assert written.figure.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_json_carries_every_figure(example_dir: Path, hangar_home: Path) -> None:

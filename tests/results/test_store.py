@@ -152,6 +152,7 @@ def test_summary_excludes_infra_errors_from_the_denominator(
         "timeout": 0,
         "budget_exceeded": 0,
         "infra_error": 1,
+        "flagged_passes": 0,
     }
     assert (skill["trials"], skill["passed"], skill["graded"]) == (3, 1, 3)
     assert skill["pass_rate_pts"] == 33.3
