@@ -15,7 +15,7 @@ import pytest
 from grading_builders import commit_all, experiment, write
 
 from hangar_dagster.grading import provenance
-from hangar_dagster.grading.grader import check_base, run_grader
+from hangar_dagster.grading.grader import GraderRun, check_base, run_grader
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.util.gitrepo import git
 
@@ -69,21 +69,24 @@ def _task(t: object) -> dict[str, object]:
     return {k: v for k, v in t.items() if k != "delete"}
 
 
+def _grade(task: dict[str, object], patch: str, label: str, tmp_path: Path) -> GraderRun:
+    """``patch`` graded on the task in a home of the test's own (its own runner environment)."""
+    home = HangarPaths(tmp_path / "home")
+    settings = Settings.from_env({"HANGAR_HOME": str(home.home)})
+    return run_grader(experiment({"t1": task}), "t1", patch, label=label,
+                      work_root=home.work / "grading", env_extra={}, settings=settings)  # fmt: skip
+
+
 def test_repo_package_named_like_an_installed_one_is_the_repos(
     shadowed: dict[str, object], tmp_path: Path
 ) -> None:
-    t = shadowed["root"]
-    assert isinstance(t, dict)
-    exp = experiment({"t1": _task(t)})
-    home = HangarPaths(tmp_path / "home")
-    settings = Settings.from_env({"HANGAR_HOME": str(home.home)})
-    work = home.work / "grading"
-    base = run_grader(exp, "t1", "", label="base", work_root=work, env_extra={}, settings=settings)
+    t = _task(shadowed["root"])
+    base = _grade(t, "", "base", tmp_path)
     assert (base.passed, base.counts["failed"], base.counts["passed"]) == (False, 1, 1), base.output
     assert base.provenance["packaging"]["from"] == "repo", base.provenance
+    work = HangarPaths(tmp_path / "home").work / "grading"
     assert base.provenance["packaging"]["path"].startswith(str(work)), base.provenance
-    ref = run_grader(exp, "t1", str(t["reference_patch"]), label="ref", work_root=work,
-                     env_extra={}, settings=settings)  # fmt: skip
+    ref = _grade(t, str(t["reference_patch"]), "ref", tmp_path)
     assert (ref.passed, ref.counts["passed"]) == (True, 2), ref.output
     assert ref.provenance["packaging"]["from"] == "repo"
     # The runner itself is recorded as the runner's, from the test environment, not hangar's.
@@ -96,11 +99,7 @@ def test_patch_deleting_the_package_fails_with_the_provenance_reason(
 ) -> None:
     t = shadowed["root"]
     assert isinstance(t, dict)
-    exp = experiment({"t1": _task(t)})
-    home = HangarPaths(tmp_path / "home")
-    settings = Settings.from_env({"HANGAR_HOME": str(home.home)})
-    run = run_grader(exp, "t1", str(t["delete"]), label="delete", work_root=home.work / "grading",
-                     env_extra={}, settings=settings)  # fmt: skip
+    run = _grade(_task(t), str(t["delete"]), "delete", tmp_path)
     # The installed copy has no bug: every test passes, and the grade still fails.
     assert run.counts["passed"] == 2 and run.counts["failed"] == 0, run.output
     assert not run.passed
@@ -144,11 +143,7 @@ def test_hangar_own_packages_are_not_importable_by_hidden_tests(
         "def test_hangar():\n    assert importlib.util.find_spec('dagster') is None\n\n\n"
         "def test_prefix():\n    assert '.venv' not in sys.prefix, sys.prefix\n"
     )}  # fmt: skip
-    exp = experiment({"t1": {**_task(t), "hidden_files": hidden}})
-    home = HangarPaths(tmp_path / "home")
-    settings = Settings.from_env({"HANGAR_HOME": str(home.home)})
-    run = run_grader(exp, "t1", "", label="env", work_root=home.work / "grading", env_extra={},
-                     settings=settings)  # fmt: skip
+    run = _grade({**_task(t), "hidden_files": hidden}, "", "env", tmp_path)
     assert (run.passed, run.counts["passed"]) == (True, 4), run.output
 
 
