@@ -80,6 +80,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+# A journal marker whose file never appeared is dropped after this long (its writer died
+# before writing it; a live writer writes the file within seconds of the marker).
+STALE_MARKER_S = 600.0
+
 BACKENDS: dict[str, str] = {
     "embedded": "hangar_dagster.results.store:EmbeddedStore",
     "ducklake": "hangar_dagster.results.lake:LakeStore",
@@ -337,6 +341,7 @@ class EmbeddedStore(Store):
         self.lock_timeout_s = lock_timeout_s
         self.lock_file = paths.duckdb.with_name(paths.duckdb.name + ".lock")
         self._schema_ready = False
+        self._fresh_db = False
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -383,12 +388,33 @@ class EmbeddedStore(Store):
             if len(keys) != 1:
                 raise ValueError(f"{table.name}: the rows of one file must share {table.file_key}")
         batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-        self._write_parquet(table, rows[0], batch)
+        # The marker first: should the process die after the file and before its DuckDB row,
+        # the next read finds the file through the marker, without listing parquet/.
+        marker = self._mark(table, rows[0])
+        try:
+            self._write_parquet(table, rows[0], batch)
+        except BaseException:
+            marker.unlink(missing_ok=True)
+            raise
         try:
             with self._db() as con:
                 self._insert(con, table, batch)
         except StoreUnavailable as e:
             log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
+            return  # the marker stays: the next read brings the row in
+        marker.unlink(missing_ok=True)
+
+    def _mark(self, table: Table, row: dict[str, Any]) -> Path:
+        """A journal entry naming the file about to be written (its relative path inside)."""
+        pending = self.paths.pending
+        pending.mkdir(parents=True, exist_ok=True)
+        marker = pending / f"{uuid.uuid4().hex}.{table.name}"
+        with open(marker, "w") as fh:
+            fh.write(table.relpath(row))
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync(pending)
+        return marker
 
     def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
         path = self.paths.parquet / table.relpath(row)
@@ -429,7 +455,9 @@ class EmbeddedStore(Store):
         this to force a full pass (it rebuilds a deleted hangar.duckdb too).
         """
         with self._db() as con:
-            return sum(self._sync_table(con, t) for t in TABLES)
+            added = sum(self._sync_table(con, t) for t in TABLES)
+            self._sync_pending(con)  # every file is in now: clears the markers
+            return added
 
     def _sync_table(self, con: duckdb.DuckDBPyConnection, table: Table) -> int:
         if not any(self.paths.parquet.glob(table.glob())):
@@ -443,13 +471,40 @@ class EmbeddedStore(Store):
         return self._count(con, table.name) - before
 
     def _sync_if_behind(self, con: duckdb.DuckDBPyConnection) -> None:
-        # one file per row (or per file_key) and DuckDB rows only ever come from files, so equal
-        # counts mean in sync
-        for table in TABLES:
-            files = sum(1 for _ in self.paths.parquet.glob(table.glob()))
-            if files != self._count(con, table.name, table.file_key):
-                added = self._sync_table(con, table)
-                log.info("synced %d %s row(s) from Parquet into DuckDB", added, table.name)
+        """What a read does first: a new database is filled from every Parquet file; else only
+        the files the journal names (normally none) come in. parquet/ is never listed here."""
+        if self._fresh_db:
+            added = sum(self._sync_table(con, t) for t in TABLES)
+            log.info("filled a new %s with %d row(s) from Parquet", self.paths.duckdb, added)
+            self._fresh_db = False
+        self._sync_pending(con)
+
+    def _sync_pending(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            markers = list(os.scandir(self.paths.pending))
+        except FileNotFoundError:
+            return
+        for entry in markers:
+            marker = Path(entry.path)
+            table = BY_NAME.get(marker.suffix.lstrip("."))
+            try:
+                path = self.paths.parquet / marker.read_text()
+            except FileNotFoundError:
+                continue  # another reader took it
+            if table is None:
+                continue
+            if not path.exists():
+                # a writer between its marker and its file, or one that died before the file:
+                # only a marker older than any write can be dropped
+                if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
+                    marker.unlink(missing_ok=True)
+                continue
+            con.execute(
+                f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?)",
+                [str(path)],
+            )
+            log.info("brought %s into DuckDB from its journal marker", path)
+            marker.unlink(missing_ok=True)
 
     @staticmethod
     def _count(con: duckdb.DuckDBPyConnection, name: str, per: tuple[str, ...] = ()) -> int:
@@ -471,6 +526,8 @@ class EmbeddedStore(Store):
             db.parent.mkdir(parents=True, exist_ok=True)
             with open(self.lock_file, "a+b") as fh:  # closing it releases the flock
                 self._retry(deadline, lambda: fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB))
+                if not db.exists():
+                    self._fresh_db = True  # a first or deleted database: the next read fills it
                 con = self._retry(deadline, lambda: duckdb.connect(str(db)))
                 try:
                     if not self._schema_ready:
@@ -531,7 +588,22 @@ class EmbeddedStore(Store):
                 mem.close()
 
     def next_attempt(self, experiment_id: str, trial_key: str) -> int:
-        """1 + the highest attempt stored for the key (1 if none), from Parquet, the truth."""
+        """1 + the highest attempt stored for the key (1 if none).
+
+        From DuckDB once the journal's files are in (so every Parquet row counts); only when
+        DuckDB is out of reach, from the experiment's Parquet folder.
+        """
+        try:
+            with self._db() as con:
+                self._sync_pending(con)
+                got = con.execute(
+                    "SELECT coalesce(max(attempt), 0) FROM trials "
+                    "WHERE experiment_id = ? AND trial_key = ?",
+                    [experiment_id, trial_key],
+                ).fetchone()
+                return int(got[0] if got else 0) + 1
+        except StoreUnavailable:
+            pass
         # attempt 0 is never stored: its file name minus "0.parquet" prefixes every attempt's
         probe = self.paths.parquet / BY_NAME["trials"].relpath(
             {"experiment_id": experiment_id, "trial_key": trial_key, "attempt": 0}
@@ -544,7 +616,8 @@ class EmbeddedStore(Store):
         return max(attempts, default=0) + 1
 
     def _has_trials(self) -> bool:
-        return any(self.paths.parquet.glob(BY_NAME["trials"].glob()))
+        # may hold some: then the query says (no listing of the tree)
+        return (self.paths.parquet / BY_NAME["trials"].name).is_dir()
 
     def compact(self) -> int:
         return 0  # one file per record; see docs/data.md, "Small files"

@@ -179,3 +179,27 @@ def test_eight_writer_processes_lose_nothing_and_an_analyst_sees_snapshots(
     # and the store still answers the same after compaction
     assert store.next_attempt(f.EXP, "v0/t0/1") == 2
     assert len(store.trials(f.EXP)) == total
+
+
+def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
+    lake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_data_doc import _populate, _sql_blocks  # the records and queries docs/data.md pins
+
+    lake = Store(paths())
+    monkeypatch.setenv("HANGAR_STORE", "embedded")
+    embedded = Store(paths())
+    assert type(embedded).__name__ == "EmbeddedStore"
+    for store in (lake, embedded):
+        _populate(store)
+    blocks = _sql_blocks()
+    assert len(blocks) == 5
+    for sql in [
+        *blocks,
+        "SELECT * FROM experiment_index ORDER BY ALL",
+        "SELECT * FROM variant_summary ORDER BY ALL",
+        "SELECT * FROM budget_ledger ORDER BY ALL",
+    ]:
+        got_lake, got_embedded = lake._query(sql, []), embedded._query(sql, [])
+        assert got_lake == got_embedded, sql
+        assert got_embedded, f"the populated store answers {sql}"
