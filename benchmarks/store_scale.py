@@ -50,13 +50,11 @@ def _sql_blocks() -> list[str]:
 def _batch(table: str, template: dict[str, Any], lo: int, hi: int) -> pa.Table:
     """Rows lo..hi of ``table`` from one template row; keys and outcomes vary per row."""
     n = hi - lo
-    per_exp = max(1, 1 + (hi - 1) // EXPERIMENTS)
     idx = list(range(lo, hi))
     exp = [f"exp-{i % EXPERIMENTS:04d}" for i in idx]
     variant = [f"v{(i // EXPERIMENTS) % VARIANTS}" for i in idx]
     task = [f"t{(i // (EXPERIMENTS * VARIANTS)) % 1000}" for i in idx]
     replicate = [1 + (i // (EXPERIMENTS * VARIANTS * 1000)) for i in idx]
-    del per_exp
     cols: dict[str, Any] = {}
     schema = BY_NAME[table].arrow_schema()
     for field in schema:
@@ -65,7 +63,9 @@ def _batch(table: str, template: dict[str, Any], lo: int, hi: int) -> pa.Table:
     cols["variant"] = pa.array(variant)
     cols["task"] = pa.array(task)
     cols["replicate"] = pa.array(replicate, pa.int64())
-    cols["trial_key"] = pa.array([f"{v}/{t}/{r}" for v, t, r in zip(variant, task, replicate)])
+    cols["trial_key"] = pa.array(
+        [f"{v}/{t}/{r}" for v, t, r in zip(variant, task, replicate, strict=True)]
+    )
     if table == "trials":
         cols["outcome_class"] = pa.array(
             ["infra_error" if i % 10 == 0 else "completed" for i in idx]
