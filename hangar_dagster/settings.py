@@ -154,7 +154,9 @@ class Settings:
     # An existing package index to use as the mirror; unset: hangar starts its own (mirror.py).
     package_mirror_url: str | None = None
     # The results store backend (HANGAR_STORE, HANGAR_STORE_CATALOG, HANGAR_STORE_DATA).
-    store: StoreConfig = StoreConfig()
+    store_mode: str = "embedded"
+    store_catalog: str = field(default="", repr=False)  # may carry a password
+    store_data: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -183,16 +185,19 @@ class Settings:
             harness_repo=env.get(HARNESS_REPO_VAR) or None,
             webserver_url=env.get(WEBSERVER_URL_VAR) or None,
             package_mirror_url=_text(env, PACKAGE_MIRROR_URL_VAR) or None,
-            store=StoreConfig(
-                mode=_text(env, STORE_VAR) or "embedded",
-                catalog=_text(env, STORE_CATALOG_VAR),
-                data=_text(env, STORE_DATA_VAR),
-            ),
+            store_mode=_text(env, STORE_VAR) or "embedded",
+            store_catalog=_text(env, STORE_CATALOG_VAR),
+            store_data=_text(env, STORE_DATA_VAR),
         )
 
     @property
     def paths(self) -> HangarPaths:
         return HangarPaths(self.home, self.store)
+
+    @property
+    def store(self) -> StoreConfig:
+        """The results store backend; ``Store(settings.paths)`` builds it."""
+        return StoreConfig(self.store_mode, self.store_catalog, self.store_data)
 
     # The queue's modules own their values' rules and error messages; they import this module
     # (the store does too), so they are imported here when a value is asked for.

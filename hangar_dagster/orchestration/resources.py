@@ -91,7 +91,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             openai_api_key=self.openai_api_key,
             agent_bin_dir=self.agent_bin_dir,
             package_mirror_url=self.package_mirror_url,
-            store=self._store_config,
+            store_mode=self.store_mode,
+            store_catalog=self.store_catalog or "",
+            store_data=self.store_data,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

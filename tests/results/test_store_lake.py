@@ -203,3 +203,21 @@ def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
         got_lake, got_embedded = lake._query(sql, []), embedded._query(sql, [])
         assert got_lake == got_embedded, sql
         assert got_embedded, f"the populated store answers {sql}"
+
+
+def test_the_store_settings_reach_a_run_and_come_back(tmp_path: Path) -> None:
+    from hangar_dagster.orchestration.resources import HangarResource
+    from hangar_dagster.settings import Settings
+
+    env = {
+        "HANGAR_HOME": str(tmp_path),
+        "HANGAR_STORE": "ducklake",
+        "HANGAR_STORE_CATALOG": "host=db dbname=hangar user=w password=secret",
+        "HANGAR_STORE_DATA": "/shared/lake",
+    }
+    settings = Settings.from_env(env)
+    assert settings.paths.store.mode == "ducklake" and settings.paths.lake == Path("/shared/lake")
+    assert "secret" not in repr(settings) and "secret" not in repr(settings.paths)
+    resource = HangarResource.from_settings(settings)
+    assert "secret" not in repr(resource)  # an EnvVar: resolved in the run's process
+    assert resource.store_mode == "ducklake" and resource.store_data == "/shared/lake"
