@@ -41,6 +41,24 @@ HARNESS_REPO_VAR = "HANGAR_HARNESS_REPO"
 WEBSERVER_URL_VAR = "HANGAR_WEBSERVER_URL"
 PACKAGE_MIRROR_URL_VAR = "HANGAR_PACKAGE_MIRROR_URL"
 RUNNER_DIR_VAR = "HANGAR_RUNNER_DIR"
+STORE_VAR = "HANGAR_STORE"
+STORE_CATALOG_VAR = "HANGAR_STORE_CATALOG"
+STORE_DATA_VAR = "HANGAR_STORE_DATA"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Which results store backend holds the records (results/store.py; docs/data.md).
+
+    ``embedded`` (the default): Parquet files plus one DuckDB file under ``HANGAR_HOME``.
+    ``ducklake``: a DuckLake whose catalog is the Postgres database ``catalog`` (a libpq
+    connection string) and whose Parquet files live under ``data`` (a directory every worker
+    and analyst mounts; empty: ``HANGAR_HOME/lake``).
+    """
+
+    mode: str = "embedded"
+    catalog: str = field(default="", repr=False)  # may carry a password
+    data: str = ""
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,7 @@ class HangarPaths:
     """The directory layout under ``HANGAR_HOME`` (see docs/data.md)."""
 
     home: Path
+    store: StoreConfig = StoreConfig()
 
     @property
     def duckdb(self) -> Path:
@@ -56,6 +75,17 @@ class HangarPaths:
     @property
     def parquet(self) -> Path:
         return self.home / "parquet"
+
+    @property
+    def pending(self) -> Path:
+        """The embedded store's journal: one marker per record written to Parquet whose DuckDB
+        row is not yet confirmed (results/store.py); reads list this folder, not parquet/."""
+        return self.home / "pending"
+
+    @property
+    def lake(self) -> Path:
+        """The DuckLake store's data files (``HANGAR_STORE_DATA``, default ``home/lake``)."""
+        return Path(self.store.data) if self.store.data else self.home / "lake"
 
     @property
     def experiments(self) -> Path:
@@ -125,6 +155,10 @@ class Settings:
     # An existing package index to use as the mirror; unset: hangar starts its own (mirror.py).
     package_mirror_url: str | None = None
     runner_dir: str | None = None  # where the runner environment is cached (default: builds/)
+    # The results store backend (HANGAR_STORE, HANGAR_STORE_CATALOG, HANGAR_STORE_DATA).
+    store_mode: str = "embedded"
+    store_catalog: str = field(default="", repr=False)  # may carry a password
+    store_data: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -154,11 +188,19 @@ class Settings:
             webserver_url=env.get(WEBSERVER_URL_VAR) or None,
             package_mirror_url=_text(env, PACKAGE_MIRROR_URL_VAR) or None,
             runner_dir=_text(env, RUNNER_DIR_VAR) or None,
+            store_mode=_text(env, STORE_VAR) or "embedded",
+            store_catalog=_text(env, STORE_CATALOG_VAR),
+            store_data=_text(env, STORE_DATA_VAR),
         )
 
     @property
     def paths(self) -> HangarPaths:
-        return HangarPaths(self.home)
+        return HangarPaths(self.home, self.store)
+
+    @property
+    def store(self) -> StoreConfig:
+        """The results store backend; ``Store(settings.paths)`` builds it."""
+        return StoreConfig(self.store_mode, self.store_catalog, self.store_data)
 
     # The queue's modules own their values' rules and error messages; they import this module
     # (the store does too), so they are imported here when a value is asked for.

@@ -8,7 +8,14 @@ import dagster as dg
 
 from hangar_dagster.queue.liveness import record_file, record_run_process
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import ANTHROPIC_KEY_VAR, OPENAI_KEY_VAR, HangarPaths, Settings
+from hangar_dagster.settings import (
+    ANTHROPIC_KEY_VAR,
+    OPENAI_KEY_VAR,
+    STORE_CATALOG_VAR,
+    HangarPaths,
+    Settings,
+    StoreConfig,
+)
 
 
 class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -36,6 +43,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     openai_api_key: str | None = None
     agent_bin_dir: str | None = None
     package_mirror_url: str | None = None
+    store_mode: str = "embedded"  # the results store backend (docs/data.md)
+    store_catalog: str | None = None  # an EnvVar (it may hold a password)
+    store_data: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HangarResource:
@@ -56,6 +66,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             openai_api_key=dg.EnvVar(OPENAI_KEY_VAR) if settings.openai_api_key else None,
             agent_bin_dir=settings.agent_bin_dir,
             package_mirror_url=settings.package_mirror_url,
+            store_mode=settings.store.mode,
+            store_catalog=dg.EnvVar(STORE_CATALOG_VAR) if settings.store.catalog else None,
+            store_data=settings.store.data,
         )
 
     def settings(self) -> Settings:
@@ -78,6 +91,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             openai_api_key=self.openai_api_key,
             agent_bin_dir=self.agent_bin_dir,
             package_mirror_url=self.package_mirror_url,
+            store_mode=self.store_mode,
+            store_catalog=self.store_catalog or "",
+            store_data=self.store_data,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
@@ -92,7 +108,11 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     @property
     def paths(self) -> HangarPaths:
-        return HangarPaths(Path(self.home))
+        return HangarPaths(Path(self.home), self._store_config)
+
+    @property
+    def _store_config(self) -> StoreConfig:
+        return StoreConfig(self.store_mode, self.store_catalog or "", self.store_data)
 
     def store(self) -> Store:
         return Store(self.paths)

@@ -1,5 +1,11 @@
-"""The store: every record lands in one Parquet file (the truth) and in DuckDB (for SQL).
+"""The results store: one interface (``Store``), backends chosen by ``paths.store.mode``.
 
+``Store(paths)`` builds the backend the settings name (``HANGAR_STORE``): ``embedded`` (this
+module's ``EmbeddedStore``, the default) or ``ducklake`` (results/lake.py, many writers on
+many machines). Every backend serves the same tables and views (results/schema.py), so the
+read methods here are written once, in SQL.
+
+The embedded backend: every record lands in one Parquet file (the truth) and in DuckDB.
 ``put`` writes a record's Parquet file atomically, then inserts the row into
 DuckDB. Should DuckDB be unreachable (an analyst holds it open read-write) or the
 process die in between, the Parquet file is already there and ``sync`` brings the
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -73,28 +80,75 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+# A journal marker whose file never appeared is dropped after this long (its writer died
+# before writing it; a live writer writes the file within seconds of the marker).
+STALE_MARKER_S = 600.0
+
+BACKENDS: dict[str, str] = {
+    "embedded": "hangar_dagster.results.store:EmbeddedStore",
+    "ducklake": "hangar_dagster.results.lake:LakeStore",
+}
+
+
+def backend(mode: str) -> type[Store]:
+    """The Store class registered as ``mode``; a clear error naming HANGAR_STORE if none."""
+    target = BACKENDS.get(mode)
+    if target is None:
+        raise ValueError(
+            f"HANGAR_STORE={mode!r} is not a results store backend; "
+            f"known: {', '.join(sorted(BACKENDS))} (docs/data.md)"
+        )
+    module, name = target.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert isinstance(cls, type) and issubclass(cls, Store)
+    return cls
+
+
 class Store:
-    """Parquet + DuckDB storage of hangar's records under ``paths.home``."""
+    """hangar's records: ``put`` writes one, the other methods read (the same SQL everywhere).
 
-    def __init__(self, paths: HangarPaths, *, lock_timeout_s: float = 5.0) -> None:
-        self.paths = paths
-        self.lock_timeout_s = lock_timeout_s
-        self.lock_file = paths.duckdb.with_name(paths.duckdb.name + ".lock")
-        self._schema_ready = False
+    ``Store(paths)`` returns the backend ``paths.store.mode`` names (not an ABC: so that
+    ``Store(paths)`` type-checks where callers build one).
+    """
 
-    # ---- writing -------------------------------------------------------------------------
+    paths: HangarPaths
+
+    def __new__(cls, paths: HangarPaths, **kwargs: Any) -> Store:
+        if cls is Store:
+            cls = backend(paths.store.mode)
+        return super().__new__(cls)
 
     def put(self, record: Record) -> None:
-        """Write ``record`` whole: its Parquet file first, then its DuckDB row.
+        """Write ``record`` whole; DuplicateRecordError when its table forbids a second write."""
+        raise NotImplementedError  # each backend has its own
 
-        Raises DuplicateRecordError when the key exists and the table forbids
-        replacing it. An unreachable DuckDB only logs a warning: the Parquet file
-        is written and the next read (or ``sync``) inserts the row.
-        """
-        table = BY_MODEL.get(type(record))
-        if table is None:
-            raise TypeError(f"{type(record).__name__} is not a stored record type")
-        row = table.to_row(record)
+    def put_many(self, records: list[Record]) -> None:
+        """``put`` each record; a backend may store them in fewer transactions (same rules)."""
+        for record in records:
+            self.put(record)
+
+    def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        """Rows of ``sql`` over the documented tables and views, JSON columns decoded."""
+        raise NotImplementedError  # each backend has its own
+
+    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
+        """1 + the highest attempt stored for the key (1 if none)."""
+        raise NotImplementedError  # each backend has its own
+
+    def sync(self) -> int:
+        """Bring the queryable tables level with what was written; returns rows added."""
+        raise NotImplementedError  # each backend has its own
+
+    def compact(self) -> int:
+        """Merge small Parquet files; returns how many files it removed."""
+        raise NotImplementedError  # each backend has its own
+
+    def _has_trials(self) -> bool:
+        """Whether any trial attempt is stored, without creating anything."""
+        raise NotImplementedError  # each backend has its own
+
+    @staticmethod
+    def check_trial_key(record: Record) -> None:
         if isinstance(record, TrialRecord | GradeRecord):
             expected = TrialKey(record.variant, record.task, record.replicate).key
             if record.trial_key != expected:
@@ -102,199 +156,34 @@ class Store:
                     f"{type(record).__name__}.trial_key is {record.trial_key!r} but variant/task/"
                     f"replicate say {expected!r}; build it with TrialKey(...).key"
                 )
-        if isinstance(record, GradeRecord) and record.tests:
-            # First: a grade in the store always has its per-test rows.
-            self._drop_orphan_tests(row)
-            self._put_rows(BY_NAME["grade_tests"], record.tests)
-        self._put_rows(table, [record], [row])
 
-    def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
-        """Remove the per-test rows of an attempt that has no grade: a crash between the two
-        writes left them, and its regrade writes its own (no grade refers to the orphans)."""
-        if (self.paths.parquet / BY_NAME["grades"].relpath(grade_row)).exists():
-            return  # graded: the second write is refused as a duplicate, tests and all
-        tests = self.paths.parquet / BY_NAME["grade_tests"].relpath(grade_row)
-        if not tests.exists():
-            return
-        tests.unlink()
-        with suppress(StoreUnavailable), self._db() as con:
-            con.execute(
-                "DELETE FROM grade_tests WHERE experiment_id = ? AND trial_key = ? AND attempt = ?",
-                [grade_row["experiment_id"], grade_row["trial_key"], grade_row["attempt"]],
-            )
-
-    def _put_rows(
-        self, table: Table, records: list[Any], rows: list[dict[str, Any]] | None = None
-    ) -> None:
-        """``records`` as one Parquet file of ``table`` (several only where it has a file_key)."""
-        rows = rows if rows is not None else [table.to_row(r) for r in records]
-        if len(rows) > 1:
-            keys = {tuple(r[k] for k in table.file_key) for r in rows} if table.file_key else ()
-            if len(keys) != 1:
-                raise ValueError(f"{table.name}: the rows of one file must share {table.file_key}")
-        batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-        self._write_parquet(table, rows[0], batch)
-        try:
-            with self._db() as con:
-                self._insert(con, table, batch)
-        except StoreUnavailable as e:
-            log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
-
-    def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
-        path = self.paths.parquet / table.relpath(row)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # not named *.parquet, so no glob (sync, an analyst) sees a half-written file
-        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
-        try:
-            pq.write_table(batch, tmp)
-            _fsync(tmp)
-            try:
-                os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
-            except FileExistsError:
-                self._check_duplicate(table, row, path)
-                return
-            _fsync(path.parent)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _check_duplicate(self, table: Table, row: dict[str, Any], path: Path) -> None:
+    @staticmethod
+    def duplicate_error(table: Table, row: dict[str, Any], where: str) -> DuplicateRecordError:
         key = ", ".join(f"{k}={row[k]!r}" for k in table.key)
-        if table.on_duplicate == "same_content":
-            stored = table.from_row(pq.read_table(path).to_pylist()[0])
-            new = table.from_row(row)
-            differ = [
-                f
-                for f in table.model.model_fields
-                if f not in table.volatile and getattr(stored, f) != getattr(new, f)
-            ]
-            if not differ:
-                return
-            raise DuplicateRecordError(
-                f"{table.name} already holds {key} with different {', '.join(differ)} "
-                f"({path}); stored {table.name} are immutable: record the change under a new key"
-            )
-        raise DuplicateRecordError(
-            f"{table.name} already holds {key} ({path}); records are written once: "
+        return DuplicateRecordError(
+            f"{table.name} already holds {key} ({where}); records are written once: "
             "a retry must use the next attempt (Store.next_attempt)"
         )
 
     @staticmethod
-    def _insert(con: duckdb.DuckDBPyConnection, table: Table, rows: pa.Table) -> None:
-        con.register("incoming", rows)
-        try:
-            con.execute(f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM incoming")
-        finally:
-            con.unregister("incoming")
+    def check_same_content(
+        table: Table, stored_row: dict[str, Any], row: dict[str, Any], where: str
+    ) -> None:
+        """Allow a second write of a same_content key only if nothing but ``volatile`` moved."""
+        stored, new = table.from_row(stored_row), table.from_row(row)
+        differ = [
+            f
+            for f in table.model.model_fields
+            if f not in table.volatile and getattr(stored, f) != getattr(new, f)
+        ]
+        if differ:
+            key = ", ".join(f"{k}={row[k]!r}" for k in table.key)
+            raise DuplicateRecordError(
+                f"{table.name} already holds {key} with different {', '.join(differ)} "
+                f"({where}); stored {table.name} are immutable: record the change under a new key"
+            )
 
-    # ---- healing -------------------------------------------------------------------------
-
-    def sync(self) -> int:
-        """Insert every Parquet row DuckDB lacks (by primary key); returns how many were added.
-
-        Idempotent. Reads run the cheap check ``_sync_if_behind`` themselves; call
-        this to force a full pass (it rebuilds a deleted hangar.duckdb too).
-        """
-        with self._db() as con:
-            return sum(self._sync_table(con, t) for t in TABLES)
-
-    def _sync_table(self, con: duckdb.DuckDBPyConnection, table: Table) -> int:
-        if not any(self.paths.parquet.glob(table.glob())):
-            return 0
-        before = self._count(con, table.name)
-        con.execute(
-            f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?, "
-            "union_by_name = true, hive_partitioning = false)",
-            [str(self.paths.parquet / table.glob())],
-        )
-        return self._count(con, table.name) - before
-
-    def _sync_if_behind(self, con: duckdb.DuckDBPyConnection) -> None:
-        # one file per row (or per file_key) and DuckDB rows only ever come from files, so equal
-        # counts mean in sync
-        for table in TABLES:
-            files = sum(1 for _ in self.paths.parquet.glob(table.glob()))
-            if files != self._count(con, table.name, table.file_key):
-                added = self._sync_table(con, table)
-                log.info("synced %d %s row(s) from Parquet into DuckDB", added, table.name)
-
-    @staticmethod
-    def _count(con: duckdb.DuckDBPyConnection, name: str, per: tuple[str, ...] = ()) -> int:
-        rows = f"(SELECT DISTINCT {', '.join(per)} FROM {name})" if per else name
-        got = con.execute(f"SELECT count(*) FROM {rows}").fetchone()
-        return int(got[0]) if got else 0
-
-    # ---- connections ---------------------------------------------------------------------
-
-    @contextmanager
-    def _db(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived DuckDB connection under the thread lock and the file lock."""
-        deadline = time.monotonic() + self.lock_timeout_s
-        db = self.paths.duckdb
-        lock = _thread_lock(db)
-        if not lock.acquire(timeout=self.lock_timeout_s):
-            raise StoreUnavailable(f"{db} stayed busy in this process for {self.lock_timeout_s}s")
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.lock_file, "a+b") as fh:  # closing it releases the flock
-                self._retry(deadline, lambda: fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB))
-                con = self._retry(deadline, lambda: duckdb.connect(str(db)))
-                try:
-                    if not self._schema_ready:
-                        self._create_schema(con)
-                        self._schema_ready = True
-                    yield con
-                finally:
-                    con.close()
-        finally:
-            lock.release()
-
-    def _retry(self, deadline: float, attempt: Callable[[], T]) -> T:
-        delay = 0.02
-        while True:
-            try:
-                return attempt()
-            except (BlockingIOError, duckdb.IOException) as e:
-                if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise StoreUnavailable(
-                        f"{self.paths.duckdb} stayed locked for {self.lock_timeout_s}s ({e}); "
-                        "another process holds it (an open duckdb shell?); see docs/data.md"
-                    ) from e
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-    @staticmethod
-    def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
-        for table in TABLES:
-            con.execute(table.ddl())
-            # A database made before a nullable column existed gains it (base_outcomes, ...).
-            for c in table.columns:
-                if c.nullable:
-                    con.execute(
-                        f'ALTER TABLE {table.name} ADD COLUMN IF NOT EXISTS "{c.name}" {c.sql_type}'
-                    )
-        for view in VIEWS:
-            con.execute(view)
-
-    # ---- reads ---------------------------------------------------------------------------
-
-    def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-        try:
-            with self._db() as con:
-                self._sync_if_behind(con)
-                return _rows(con.execute(sql, params))
-        except StoreUnavailable as e:
-            # answer from the Parquet files through a throwaway in-memory copy
-            log.warning("%s; answering from Parquet", e)
-            mem = duckdb.connect(":memory:")
-            try:
-                self._create_schema(mem)
-                for table in TABLES:
-                    self._sync_table(mem, table)
-                return _rows(mem.execute(sql, params))
-            finally:
-                mem.close()
+    # ---- reads (every backend) -----------------------------------------------------
 
     def _records(self, model: type[R], sql: str, params: list[Any]) -> list[R]:
         table = BY_MODEL[model]
@@ -403,19 +292,6 @@ class Store:
             [experiment_id],
         )
 
-    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
-        """1 + the highest attempt stored for the key (1 if none), from Parquet, the truth."""
-        # attempt 0 is never stored: its file name minus "0.parquet" prefixes every attempt's
-        probe = self.paths.parquet / BY_NAME["trials"].relpath(
-            {"experiment_id": experiment_id, "trial_key": trial_key, "attempt": 0}
-        )
-        prefix = probe.name.removesuffix("0.parquet")
-        attempts = [
-            int(p.name[len(prefix) :].removesuffix(".parquet"))
-            for p in probe.parent.glob(f"{prefix}*.parquet")
-        ]
-        return max(attempts, default=0) + 1
-
     def index(self, experiment_id: str) -> list[dict[str, Any]]:
         """Per trial key, the attempt that counts with its grade (the experiment_index view)."""
         return self._query(
@@ -429,7 +305,7 @@ class Store:
         ``attempts`` and ``spent_usd`` in the month, ``spent_total_usd`` over all months."""
         # nothing spent yet: answer without opening DuckDB, which would create the home
         # (a submit the budget refuses must write nothing)
-        if not any(self.paths.parquet.glob(BY_NAME["trials"].glob())):
+        if not self._has_trials():
             return []
         in_month = "FILTER (WHERE month = ?)"
         return self._query(
@@ -455,6 +331,296 @@ class Store:
             "ORDER BY variant",
             [experiment_id],
         )
+
+
+class EmbeddedStore(Store):
+    """Parquet + DuckDB storage of hangar's records under ``paths.home`` (the default)."""
+
+    def __init__(self, paths: HangarPaths, *, lock_timeout_s: float = 5.0) -> None:
+        self.paths = paths
+        self.lock_timeout_s = lock_timeout_s
+        self.lock_file = paths.duckdb.with_name(paths.duckdb.name + ".lock")
+        self._schema_ready = False
+        self._fresh_db = False
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def put(self, record: Record) -> None:
+        """Write ``record`` whole: its Parquet file first, then its DuckDB row.
+
+        Raises DuplicateRecordError when the key exists and the table forbids
+        replacing it. An unreachable DuckDB only logs a warning: the Parquet file
+        is written and the next read (or ``sync``) inserts the row.
+        """
+        table = BY_MODEL.get(type(record))
+        if table is None:
+            raise TypeError(f"{type(record).__name__} is not a stored record type")
+        row = table.to_row(record)
+        self.check_trial_key(record)
+        if isinstance(record, GradeRecord) and record.tests:
+            # First: a grade in the store always has its per-test rows.
+            self._drop_orphan_tests(row)
+            self._put_rows(BY_NAME["grade_tests"], record.tests)
+        self._put_rows(table, [record], [row])
+
+    def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
+        """Remove the per-test rows of an attempt that has no grade: a crash between the two
+        writes left them, and its regrade writes its own (no grade refers to the orphans)."""
+        if (self.paths.parquet / BY_NAME["grades"].relpath(grade_row)).exists():
+            return  # graded: the second write is refused as a duplicate, tests and all
+        tests = self.paths.parquet / BY_NAME["grade_tests"].relpath(grade_row)
+        if not tests.exists():
+            return
+        tests.unlink()
+        with suppress(StoreUnavailable), self._db() as con:
+            con.execute(
+                "DELETE FROM grade_tests WHERE experiment_id = ? AND trial_key = ? AND attempt = ?",
+                [grade_row["experiment_id"], grade_row["trial_key"], grade_row["attempt"]],
+            )
+
+    def _put_rows(
+        self, table: Table, records: list[Any], rows: list[dict[str, Any]] | None = None
+    ) -> None:
+        """``records`` as one Parquet file of ``table`` (several only where it has a file_key)."""
+        rows = rows if rows is not None else [table.to_row(r) for r in records]
+        if len(rows) > 1:
+            keys = {tuple(r[k] for k in table.file_key) for r in rows} if table.file_key else ()
+            if len(keys) != 1:
+                raise ValueError(f"{table.name}: the rows of one file must share {table.file_key}")
+        batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+        # The marker first: should the process die after the file and before its DuckDB row,
+        # the next read finds the file through the marker, without listing parquet/.
+        marker = self._mark(table, rows[0])
+        try:
+            self._write_parquet(table, rows[0], batch)
+        except BaseException:
+            marker.unlink(missing_ok=True)
+            raise
+        try:
+            with self._db() as con:
+                self._insert(con, table, batch)
+        except StoreUnavailable as e:
+            log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
+            return  # the marker stays: the next read brings the row in
+        marker.unlink(missing_ok=True)
+
+    def _mark(self, table: Table, row: dict[str, Any]) -> Path:
+        """A journal entry naming the file about to be written (its relative path inside)."""
+        pending = self.paths.pending
+        pending.mkdir(parents=True, exist_ok=True)
+        marker = pending / f"{uuid.uuid4().hex}.{table.name}"
+        with open(marker, "w") as fh:
+            fh.write(table.relpath(row))
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync(pending)
+        return marker
+
+    def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
+        path = self.paths.parquet / table.relpath(row)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # not named *.parquet, so no glob (sync, an analyst) sees a half-written file
+        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+        try:
+            pq.write_table(batch, tmp)
+            _fsync(tmp)
+            try:
+                os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
+            except FileExistsError:
+                self._check_duplicate(table, row, path)
+                return
+            _fsync(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _check_duplicate(self, table: Table, row: dict[str, Any], path: Path) -> None:
+        if table.on_duplicate != "same_content":
+            raise self.duplicate_error(table, row, str(path))
+        self.check_same_content(table, pq.read_table(path).to_pylist()[0], row, str(path))
+
+    @staticmethod
+    def _insert(con: duckdb.DuckDBPyConnection, table: Table, rows: pa.Table) -> None:
+        con.register("incoming", rows)
+        try:
+            con.execute(f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM incoming")
+        finally:
+            con.unregister("incoming")
+
+    # ---- healing -------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Insert every Parquet row DuckDB lacks (by primary key); returns how many were added.
+
+        Idempotent. Reads run the cheap check ``_sync_if_behind`` themselves; call
+        this to force a full pass (it rebuilds a deleted hangar.duckdb too).
+        """
+        with self._db() as con:
+            added = sum(self._sync_table(con, t) for t in TABLES)
+            self._sync_pending(con)  # every file is in now: clears the markers
+            return added
+
+    def _sync_table(self, con: duckdb.DuckDBPyConnection, table: Table) -> int:
+        if not any(self.paths.parquet.glob(table.glob())):
+            return 0
+        before = self._count(con, table.name)
+        con.execute(
+            f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?, "
+            "union_by_name = true, hive_partitioning = false)",
+            [str(self.paths.parquet / table.glob())],
+        )
+        return self._count(con, table.name) - before
+
+    def _sync_if_behind(self, con: duckdb.DuckDBPyConnection) -> None:
+        """What a read does first: a new database is filled from every Parquet file; else only
+        the files the journal names (normally none) come in. parquet/ is never listed here."""
+        if self._fresh_db:
+            added = sum(self._sync_table(con, t) for t in TABLES)
+            log.info("filled a new %s with %d row(s) from Parquet", self.paths.duckdb, added)
+            self._fresh_db = False
+        self._sync_pending(con)
+
+    def _sync_pending(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            markers = list(os.scandir(self.paths.pending))
+        except FileNotFoundError:
+            return
+        for entry in markers:
+            marker = Path(entry.path)
+            table = BY_NAME.get(marker.suffix.lstrip("."))
+            try:
+                path = self.paths.parquet / marker.read_text()
+            except FileNotFoundError:
+                continue  # another reader took it
+            if table is None:
+                continue
+            if not path.exists():
+                # a writer between its marker and its file, or one that died before the file:
+                # only a marker older than any write can be dropped
+                if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
+                    marker.unlink(missing_ok=True)
+                continue
+            con.execute(
+                f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?)",
+                [str(path)],
+            )
+            log.info("brought %s into DuckDB from its journal marker", path)
+            marker.unlink(missing_ok=True)
+
+    @staticmethod
+    def _count(con: duckdb.DuckDBPyConnection, name: str, per: tuple[str, ...] = ()) -> int:
+        rows = f"(SELECT DISTINCT {', '.join(per)} FROM {name})" if per else name
+        got = con.execute(f"SELECT count(*) FROM {rows}").fetchone()
+        return int(got[0]) if got else 0
+
+    # ---- connections ---------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived DuckDB connection under the thread lock and the file lock."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        db = self.paths.duckdb
+        lock = _thread_lock(db)
+        if not lock.acquire(timeout=self.lock_timeout_s):
+            raise StoreUnavailable(f"{db} stayed busy in this process for {self.lock_timeout_s}s")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.lock_file, "a+b") as fh:  # closing it releases the flock
+                self._retry(deadline, lambda: fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB))
+                if not db.exists():
+                    self._fresh_db = True  # a first or deleted database: the next read fills it
+                con = self._retry(deadline, lambda: duckdb.connect(str(db)))
+                try:
+                    if not self._schema_ready:
+                        self._create_schema(con)
+                        self._schema_ready = True
+                    yield con
+                finally:
+                    con.close()
+        finally:
+            lock.release()
+
+    def _retry(self, deadline: float, attempt: Callable[[], T]) -> T:
+        delay = 0.02
+        while True:
+            try:
+                return attempt()
+            except (BlockingIOError, duckdb.IOException) as e:
+                if isinstance(e, duckdb.IOException) and "lock" not in str(e).lower():
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(
+                        f"{self.paths.duckdb} stayed locked for {self.lock_timeout_s}s ({e}); "
+                        "another process holds it (an open duckdb shell?); see docs/data.md"
+                    ) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    @staticmethod
+    def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
+        for table in TABLES:
+            con.execute(table.ddl())
+            # A database made before a nullable column existed gains it (base_outcomes, ...).
+            for c in table.columns:
+                if c.nullable:
+                    con.execute(
+                        f'ALTER TABLE {table.name} ADD COLUMN IF NOT EXISTS "{c.name}" {c.sql_type}'
+                    )
+        for view in VIEWS:
+            con.execute(view)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        try:
+            with self._db() as con:
+                self._sync_if_behind(con)
+                return _rows(con.execute(sql, params))
+        except StoreUnavailable as e:
+            # answer from the Parquet files through a throwaway in-memory copy
+            log.warning("%s; answering from Parquet", e)
+            mem = duckdb.connect(":memory:")
+            try:
+                self._create_schema(mem)
+                for table in TABLES:
+                    self._sync_table(mem, table)
+                return _rows(mem.execute(sql, params))
+            finally:
+                mem.close()
+
+    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
+        """1 + the highest attempt stored for the key (1 if none).
+
+        From DuckDB once the journal's files are in (so every Parquet row counts); only when
+        DuckDB is out of reach, from the experiment's Parquet folder.
+        """
+        try:
+            with self._db() as con:
+                self._sync_pending(con)
+                got = con.execute(
+                    "SELECT coalesce(max(attempt), 0) FROM trials "
+                    "WHERE experiment_id = ? AND trial_key = ?",
+                    [experiment_id, trial_key],
+                ).fetchone()
+                return int(got[0] if got else 0) + 1
+        except StoreUnavailable:
+            pass
+        # attempt 0 is never stored: its file name minus "0.parquet" prefixes every attempt's
+        probe = self.paths.parquet / BY_NAME["trials"].relpath(
+            {"experiment_id": experiment_id, "trial_key": trial_key, "attempt": 0}
+        )
+        prefix = probe.name.removesuffix("0.parquet")
+        attempts = [
+            int(p.name[len(prefix) :].removesuffix(".parquet"))
+            for p in probe.parent.glob(f"{prefix}*.parquet")
+        ]
+        return max(attempts, default=0) + 1
+
+    def _has_trials(self) -> bool:
+        # may hold some: then the query says (no listing of the tree)
+        return (self.paths.parquet / BY_NAME["trials"].name).is_dir()
+
+    def compact(self) -> int:
+        return 0  # one file per record; see docs/data.md, "Small files"
 
 
 def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import duckdb
 import factories as f
 import pytest
 
-from hangar_dagster.results.store import DuplicateRecordError, Store
+from hangar_dagster.results.store import DuplicateRecordError, EmbeddedStore, Store
 
 pytestmark = pytest.mark.unit
 
@@ -243,21 +243,65 @@ def test_locked_duckdb_heals_from_parquet(
     assert _duck_rows(store, "SELECT trial_key, attempt FROM trials") == [("base/t1/1", 1)]
 
 
-def test_reads_heal_a_row_missing_from_duckdb(
+_DIES_BEFORE_DUCKDB = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from pathlib import Path
+    from hangar_dagster.results.store import EmbeddedStore, Store
+    from hangar_dagster.settings import HangarPaths
+    # the process dies right after the Parquet file is linked, before its DuckDB row
+    EmbeddedStore._insert = staticmethod(lambda *a: os._exit(9))
+    Store(HangarPaths(Path(sys.argv[1]))).put(f.trial("skill"))
+""")
+
+
+def test_a_crash_between_parquet_and_duckdb_heals_on_the_next_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = f.make_store(tmp_path, monkeypatch)
     store.put(f.trial())
-    store.put(f.trial("skill"))
-    # as if the process died between the Parquet rename and the DuckDB insert
-    con = duckdb.connect(str(store.paths.duckdb))
-    con.execute("DELETE FROM trials WHERE variant = 'skill'")
-    con.close()
+    here = str(Path(__file__).parents[1])
+    died = subprocess.run(
+        [sys.executable, "-c", _DIES_BEFORE_DUCKDB, str(store.paths.home), here],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert died.returncode == 9, died.stderr
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(1,)]
+    assert len(list(store.paths.pending.iterdir())) == 1, "its journal marker stays"
+    assert store.next_attempt(f.EXP, "skill/t1/1") == 2
     assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base", "skill"]
     assert _duck_rows(store, "SELECT count(*) FROM trials") == [(2,)]
-    # a deleted database is rebuilt from Parquet as a whole
+    assert list(store.paths.pending.iterdir()) == []
+    # a deleted database is rebuilt from Parquet as a whole, by the next read or a sync
+    store.paths.duckdb.unlink()
+    assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base", "skill"]
     store.paths.duckdb.unlink()
     assert Store(store.paths).sync() == 2
+
+
+def test_reads_do_not_list_the_parquet_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    for task in ("t1", "t2", "t3"):
+        store.put(f.trial("base", task))
+        store.put(f.grade("base", task))
+    store.put(f.experiment())
+
+    def listed(self: Path, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a read listed {self}")
+
+    monkeypatch.setattr(Path, "glob", listed)
+    monkeypatch.setattr(Path, "rglob", listed)
+    monkeypatch.setattr(EmbeddedStore, "_sync_table", listed)
+    fresh = Store(store.paths)
+    assert len(fresh.trials(f.EXP)) == 3 and len(fresh.index(f.EXP)) == 3
+    assert fresh.summary(f.EXP)[0]["graded"] == 3
+    assert fresh.next_attempt(f.EXP, "base/t1/1") == 2
+    assert fresh.month_spend("2025-01") is not None
 
 
 def test_eight_threads_write_at_once(

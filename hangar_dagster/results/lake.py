@@ -1,0 +1,358 @@
+"""The distributed results store: a DuckLake with its catalog in Postgres (``HANGAR_STORE=ducklake``).
+
+Many run workers, on many machines, write at once and analysts read at the same time:
+DuckLake keeps every table's snapshots in the Postgres catalog (``HANGAR_STORE_CATALOG``)
+and its Parquet data files, hive-partitioned by ``experiment_id``, under a directory every
+worker mounts (``HANGAR_STORE_DATA``). Each ``put`` is one DuckLake transaction; a reader
+sees one committed snapshot for its whole query. Small inserts are inlined into the catalog
+and written out as one Parquet file per partition by ``compact`` (DuckLake's own
+``ducklake_flush_inlined_data`` and ``ducklake_merge_adjacent_files``), so the file count
+stays bounded. DuckLake has no primary keys: the write-once rule is a unique key in a
+plain Postgres table next to the catalog (``hangar_store_keys``). docs/data.md, "Distributed
+mode", says why DuckLake and how an analyst attaches it.
+
+The ``ducklake`` and ``postgres`` extensions load from the ``duckdb-ext-*`` packages'
+directory; autoinstall is off, so nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from hangar_dagster.results.records import GradeRecord, Record
+from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.results.store import Store, _rows
+from hangar_dagster.settings import HangarPaths
+
+log = logging.getLogger(__name__)
+
+CATALOG = "hangar"  # the attached DuckLake's name: tables are hangar.trials, ...
+KEYS = "hangar_store_keys"
+# Inserts of at most this many rows are kept in the catalog until compact writes them out.
+INLINE_ROWS = 1000
+# A process flushes inlined rows after this many puts of its own (compact stays callable).
+FLUSH_EVERY = 500
+_RETRIES = 50
+
+
+def extension_directory() -> Path:
+    """Where the duckdb-ext-* packages put their builds (``v<duckdb>/<platform>/*``)."""
+    spec = importlib.util.find_spec("duckdb_ext")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the ducklake store needs the duckdb-ext-ducklake and duckdb-ext-postgres packages "
+            "(pip install -e .); they are in pyproject.toml"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "extensions"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def attach_sql(catalog: str, data: Path | None = None, *, read_only: bool = False) -> str:
+    """The statements that attach the store in a DuckDB session (docs/data.md)."""
+    opts = [f"DATA_PATH {_quote(str(data) + '/')}"] if data is not None else []
+    if read_only:
+        opts.append("READ_ONLY")
+    else:
+        opts.append(f"DATA_INLINING_ROW_LIMIT {INLINE_ROWS}")
+    return (
+        f"SET autoinstall_known_extensions = false; "
+        f"SET extension_directory = {_quote(str(extension_directory()))}; "
+        "LOAD postgres; LOAD ducklake; "
+        f"ATTACH {_quote('ducklake:postgres:' + catalog)} AS {CATALOG} ({', '.join(opts)}); "
+        f"USE {CATALOG};"
+    )
+
+
+def _conflict(e: Exception) -> bool:
+    # another writer committed first (DuckLake retries some itself) or a catalog race
+    text = str(e).lower()
+    return isinstance(e, duckdb.TransactionException) or "conflict" in text
+
+
+class LakeStore(Store):
+    """Records in a DuckLake (Postgres catalog, Parquet files on a shared directory)."""
+
+    def __init__(self, paths: HangarPaths, *, lock_timeout_s: float = 5.0) -> None:
+        if not paths.store.catalog:
+            raise ValueError(
+                "HANGAR_STORE=ducklake needs HANGAR_STORE_CATALOG, a libpq connection string "
+                "of the Postgres database that holds the catalog, e.g. "
+                "'host=db dbname=hangar user=hangar' (docs/data.md, 'Distributed mode')"
+            )
+        self.paths = paths
+        self.lock_timeout_s = lock_timeout_s
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()
+        self._puts = 0
+
+    # ---- connection ----------------------------------------------------------------------
+
+    @contextmanager
+    def _db(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """This Store's one connection (attached once), one thread at a time."""
+        with self._lock:
+            if self._con is None:
+                self._con = self._connect()
+            yield self._con
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        data = self.paths.lake
+        data.mkdir(parents=True, exist_ok=True)
+        # no progress bar: a slow catalog query would print one on the process's stdout
+        con = duckdb.connect()
+        try:
+            con.execute("SET enable_progress_bar = false")
+            con.execute(attach_sql(self.paths.store.catalog, data))
+            con.execute(f"ATTACH {_quote('postgres:' + self.paths.store.catalog)} AS pg")
+            self._retrying(con, self._create_schema)
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    @staticmethod
+    def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(
+            f"CREATE TABLE IF NOT EXISTS pg.{KEYS} "
+            "(tbl TEXT NOT NULL, k TEXT NOT NULL, PRIMARY KEY (tbl, k))"
+        )
+        existing = {
+            r[0]
+            for r in con.execute(
+                f"SELECT table_name FROM duckdb_tables() WHERE database_name = '{CATALOG}'"
+            ).fetchall()
+        }
+        views = {
+            r[0]
+            for r in con.execute(
+                f"SELECT view_name FROM duckdb_views() WHERE database_name = '{CATALOG}'"
+            ).fetchall()
+        }
+        if existing >= {t.name for t in TABLES} and len(views) >= len(VIEWS):
+            return
+        con.execute("BEGIN")
+        for table in TABLES:
+            # DuckLake has no PRIMARY KEY: the key is kept in hangar_store_keys instead
+            con.execute(table.ddl().replace(f",\n  PRIMARY KEY ({', '.join(table.key)})\n)", "\n)"))
+            if table.by_experiment and table.name not in existing:
+                con.execute(f"ALTER TABLE {table.name} SET PARTITIONED BY (experiment_id)")
+        for view in VIEWS:
+            con.execute(view)
+        con.execute("COMMIT")
+
+    def _retrying(self, con: duckdb.DuckDBPyConnection, work: Any) -> Any:
+        delay = 0.01
+        for attempt in range(_RETRIES):
+            try:
+                return work(con)
+            except duckdb.Error as e:
+                with_rollback(con)
+                if not _conflict(e) or attempt == _RETRIES - 1:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        raise AssertionError("unreachable")
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def put(self, record: Record) -> None:
+        table = BY_MODEL.get(type(record))
+        if table is None:
+            raise TypeError(f"{type(record).__name__} is not a stored record type")
+        row = table.to_row(record)
+        self.check_trial_key(record)
+        if isinstance(record, GradeRecord) and record.tests:
+            tests = BY_NAME["grade_tests"]
+            self._drop_orphan_tests(row)
+            self._put_rows(tests, [tests.to_row(t) for t in record.tests])
+        self._put_rows(table, [row])
+        self._puts += 1
+        if self._puts % FLUSH_EVERY == 0:
+            try:
+                self.compact()
+            except duckdb.Error as e:  # another writer's flush won; the next one catches up
+                log.info("flush of inlined rows deferred: %s", e)
+
+    def put_many(self, records: list[Record]) -> None:
+        """Trials and grades without per-test rows in one transaction per table (a loader's or
+        a benchmark's batch); any other record, or a batch with a stored key, goes one by one."""
+        plain = [r for r in records if type(r) in BY_MODEL and not getattr(r, "tests", None)]
+        if len(plain) != len(records) or any(
+            BY_MODEL[type(r)].on_duplicate != "refuse" for r in plain
+        ):
+            return super().put_many(records)
+        by_table: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            self.check_trial_key(r)
+            by_table.setdefault(BY_MODEL[type(r)].name, []).append(BY_MODEL[type(r)].to_row(r))
+        for name, rows in by_table.items():
+            table = BY_NAME[name]
+            keys = pa.table({"tbl": [name] * len(rows), "k": [self._key(table, r) for r in rows]})
+            with self._db() as con:
+                con.register("keys", keys)
+                try:
+                    con.execute(f"INSERT INTO pg.{KEYS} SELECT * FROM keys")
+                except duckdb.Error as e:
+                    if "duplicate key" not in str(e):
+                        raise
+                    reserved = False
+                else:
+                    reserved = True
+                finally:
+                    con.unregister("keys")
+                if reserved:
+                    batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+                    self._retrying(con, lambda c, t=table, b=batch: self._insert(c, t, b))
+                    continue
+            for row in rows:  # a stored key among them: the one-by-one path says which
+                self._put_rows(table, [row])
+
+    @staticmethod
+    def _key(table: Table, row: dict[str, Any]) -> str:
+        cols = table.file_key or table.key
+        return "\x1f".join(str(row[c]) for c in cols)
+
+    def _where(self, table: Table, row: dict[str, Any]) -> tuple[str, list[Any]]:
+        cols = table.file_key or table.key
+        return " AND ".join(f"{c} = ?" for c in cols), [row[c] for c in cols]
+
+    def _put_rows(self, table: Table, rows: list[dict[str, Any]]) -> None:
+        batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+        where, params = self._where(table, rows[0])
+        with self._db() as con:
+            if table.on_duplicate != "append":
+                try:
+                    con.execute(
+                        f"INSERT INTO pg.{KEYS} VALUES (?, ?)",
+                        [table.name, self._key(table, rows[0])],
+                    )
+                except duckdb.Error as e:
+                    if "duplicate key" not in str(e):
+                        raise
+                    stored = _rows(
+                        con.execute(f"SELECT * FROM {table.name} WHERE {where} LIMIT 1", params)
+                    )
+                    if stored:
+                        if table.on_duplicate == "refuse":
+                            raise self.duplicate_error(
+                                table, rows[0], "the DuckLake store"
+                            ) from None
+                        self.check_same_content(
+                            table, self._encoded(table, stored[0]), rows[0], "the DuckLake store"
+                        )
+                        return
+                    # a writer reserved the key and died before its insert: the key is free
+            self._retrying(con, lambda c: self._insert(c, table, batch))
+
+    @staticmethod
+    def _encoded(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+        return table.to_row(table.from_row(row))
+
+    @staticmethod
+    def _insert(con: duckdb.DuckDBPyConnection, table: Table, batch: pa.Table) -> None:
+        con.register("incoming", batch)
+        try:
+            con.execute("BEGIN")
+            con.execute(f"INSERT INTO {table.name} BY NAME SELECT * FROM incoming")
+            con.execute("COMMIT")
+        finally:
+            con.unregister("incoming")
+
+    def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
+        """Per-test rows of an attempt without a grade: a crash between the two writes."""
+        grades, tests = BY_NAME["grades"], BY_NAME["grade_tests"]
+        where, params = self._where(grades, grade_row)
+        with self._db() as con:
+            if con.execute(f"SELECT 1 FROM grades WHERE {where} LIMIT 1", params).fetchone():
+                return  # graded: the second write is refused as a duplicate, tests and all
+            if not con.execute(
+                f"SELECT 1 FROM grade_tests WHERE {where} LIMIT 1", params
+            ).fetchone():
+                return
+
+            def drop(c: duckdb.DuckDBPyConnection) -> None:
+                c.execute("BEGIN")
+                c.execute(f"DELETE FROM grade_tests WHERE {where}", params)
+                c.execute("COMMIT")
+
+            self._retrying(con, drop)
+            con.execute(
+                f"DELETE FROM pg.{KEYS} WHERE tbl = ? AND k = ?",
+                [tests.name, self._key(tests, grade_row)],
+            )
+
+    # ---- upkeep --------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        return 0  # one engine, one truth: nothing to bring level
+
+    def compact(self) -> int:
+        """Write inlined rows out as Parquet, merge small files, drop files no snapshot needs.
+
+        Returns how many data files fewer there are. Old snapshots are kept for an hour, so a
+        reader's long query keeps its files.
+        """
+        with self._db() as con:
+            before = self._files(con)
+            self._retrying(
+                con, lambda c: c.execute(f"CALL ducklake_flush_inlined_data('{CATALOG}')")
+            )
+            self._retrying(
+                con, lambda c: c.execute(f"CALL ducklake_merge_adjacent_files('{CATALOG}')")
+            )
+            con.execute(
+                f"CALL ducklake_expire_snapshots('{CATALOG}', older_than => now() - INTERVAL 1 HOUR)"
+            )
+            con.execute(f"CALL ducklake_cleanup_old_files('{CATALOG}', cleanup_all => true)")
+            return before - self._files(con)
+
+    @staticmethod
+    def _files(con: duckdb.DuckDBPyConnection) -> int:
+        got = con.execute(
+            f"SELECT count(*) FROM __ducklake_metadata_{CATALOG}.ducklake_data_file "
+            "WHERE end_snapshot IS NULL"
+        ).fetchone()
+        return int(got[0]) if got else 0
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        with self._db() as con:
+            return _rows(con.execute(sql, params))
+
+    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
+        rows = self._query(
+            "SELECT coalesce(max(attempt), 0) AS n FROM trials "
+            "WHERE experiment_id = ? AND trial_key = ?",
+            [experiment_id, trial_key],
+        )
+        return int(rows[0]["n"]) + 1
+
+    def _has_trials(self) -> bool:
+        return bool(self._query("SELECT 1 AS x FROM trials LIMIT 1", []))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+def with_rollback(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass  # no transaction was open

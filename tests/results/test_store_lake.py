@@ -1,0 +1,223 @@
+"""The DuckLake store (HANGAR_STORE=ducklake): the same records, tables and views as the embedded
+default, many writer processes at once, analysts reading a consistent snapshot meanwhile, and
+Parquet files any hive reader opens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import factories as f
+import pyarrow.dataset as ds
+import pytest
+
+from hangar_dagster.results.lake import LakeStore, attach_sql
+from hangar_dagster.results.store import DuplicateRecordError, Store
+from hangar_dagster.settings import paths
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_setting_picks_the_lake_and_round_trips_every_record(lake_env: dict[str, str]) -> None:
+    store = Store(paths())
+    assert isinstance(store, LakeStore)
+    exp, pin, check = f.experiment(), f.pin_set(), f.base_check()
+    trial, grade, note = f.trial(), f.grade(), f.note()
+    for rec in (exp, pin, f.experiment_pin(), check, trial, grade, note):
+        store.put(rec)
+    assert store.experiment(f.EXP) == exp
+    assert store.pins(f.EXP) == {"base": pin}
+    assert store.base_checks(f.EXP) == {"t1": check}
+    assert store.trials(f.EXP) == [trial]
+    assert store.grades(f.EXP) == [grade]
+    assert store.notes(f.EXP) == [note]
+    assert store.next_attempt(f.EXP, "base/t1/1") == 2
+    [row] = store.index(f.EXP)
+    assert row["hidden_total"] == 3 and row["tamper_signals"] == []
+    [summary] = store.summary(f.EXP)
+    assert (summary["trials"], summary["graded"]) == (1, 1)
+
+
+def test_the_lake_refuses_what_the_embedded_store_refuses(lake_env: dict[str, str]) -> None:
+    store = Store(paths())
+    store.put(f.trial(cost_usd=0.25))
+    with pytest.raises(DuplicateRecordError, match="trials already holds .*next_attempt"):
+        store.put(f.trial(cost_usd=9.0))
+    store.put(f.pin_set())
+    store.put(f.pin_set(created_at=f.T0.replace(year=2030)))  # same content: fine
+    with pytest.raises(DuplicateRecordError, match="different model.*immutable"):
+        store.put(f.pin_set(model="claude-opus-4-20250514"))
+    assert [t.cost_usd for t in store.trials(f.EXP, all_attempts=True)] == [0.25]
+
+
+def test_an_unknown_store_mode_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HANGAR_STORE", "sqlite")
+    with pytest.raises(ValueError, match="HANGAR_STORE='sqlite' .* known: ducklake, embedded"):
+        Store(paths())
+    monkeypatch.setenv("HANGAR_STORE", "ducklake")
+    monkeypatch.delenv("HANGAR_STORE_CATALOG", raising=False)
+    with pytest.raises(ValueError, match="needs HANGAR_STORE_CATALOG"):
+        Store(paths())
+
+
+WRITERS = 8
+
+_WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import factories as f
+    from hangar_dagster.results.store import Store
+    from hangar_dagster.settings import paths
+    store = Store(paths())
+    n, rows, batch = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    store.experiments()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for start in range(0, rows, batch):
+        span = range(start, min(start + batch, rows))
+        trials = [f.trial(f"v{n}", f"t{i}", cost_usd=1.0) for i in span]
+        grades = [f.grade(f"v{n}", f"t{i}", passed=i % 2 == 0) for i in span]
+        if batch == 1:
+            store.put(trials[0])
+            store.put(grades[0])
+        else:
+            store.put_many(trials)  # each batch's trials commit before its grades
+            store.put_many(grades)
+""")
+
+# One snapshot: every grade has its trial (each writer stores the trial first) and the two
+# counts come from the same moment even though writers commit between the two reads.
+_SNAPSHOT = """
+SELECT (SELECT count(*) FROM trials) AS trials,
+       (SELECT count(*) FROM grades) AS grades,
+       (SELECT count(*) FROM grades g ANTI JOIN trials t USING (experiment_id, trial_key, attempt))
+         AS orphan_grades,
+       (SELECT coalesce(sum(trials), 0) FROM variant_summary) AS summary_trials
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch"),
+    [
+        pytest.param(1000, 50, id="1000-rows-each-in-batches"),
+        pytest.param(6, 1, id="6-rows-each-one-put-at-a-time"),
+    ],
+)
+def test_eight_writer_processes_lose_nothing_and_an_analyst_sees_snapshots(
+    lake_env: dict[str, str], rows: int, batch: int
+) -> None:
+    store = Store(paths())  # creates the tables once, before the writers race
+    assert isinstance(store, LakeStore) and store.experiments() == []
+    here = str(Path(__file__).parents[1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, here, str(n), str(rows), str(batch)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(WRITERS)
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            p.kill()
+            raise AssertionError((line, p.communicate(timeout=60)))
+    for p in procs:  # all at once
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+
+    # An analyst, attached read-only as the docs say, reads while the writers write.
+    analyst = duckdb.connect()
+    analyst.execute("SET enable_progress_bar = false")
+    analyst.execute(attach_sql(lake_env["HANGAR_STORE_CATALOG"], read_only=True))
+    seen: list[tuple[int, int]] = []
+    while any(p.poll() is None for p in procs):
+        analyst.execute("BEGIN")
+        first = analyst.execute(_SNAPSHOT).fetchone()
+        time.sleep(0.2)
+        again = analyst.execute(_SNAPSHOT).fetchone()
+        analyst.execute("COMMIT")
+        assert first is not None and again == first, "one transaction reads one snapshot"
+        trials, grades, orphans, summary_trials = first
+        assert orphans == 0 and grades <= trials and summary_trials == trials
+        seen.append((trials, grades))
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    assert len({s for s in seen}) > 2, f"the analyst read while writes happened: {seen}"
+
+    total = WRITERS * rows
+    got = analyst.execute("SELECT count(*), count(DISTINCT (variant, task)) FROM trials").fetchone()
+    assert got == (total, total), "nothing lost, nothing duplicated"
+    got = analyst.execute("SELECT count(*), count(DISTINCT trial_key) FROM grades").fetchone()
+    assert got == (total, total)
+    analyst.close()
+    assert sum(r["passed"] for r in store.summary(f.EXP)) == total // 2
+
+    # Compaction writes the inlined rows out: few files, readable by any hive reader.
+    store.compact()
+    lake = Path(lake_env["HANGAR_STORE_DATA"])
+    files = sorted((lake / "main" / "trials").rglob("*.parquet"))
+    assert 1 <= len(files) <= 4, files
+    assert all(p.parent.name == f"experiment_id={f.EXP}" for p in files)
+    plain = duckdb.connect()
+    got = plain.execute(
+        "SELECT experiment_id, count(*) FROM read_parquet(?, hive_partitioning = true) GROUP BY 1",
+        [str(lake / "main" / "trials" / "**" / "*.parquet")],
+    ).fetchall()
+    assert got == [(f.EXP, total)]
+    table = ds.dataset(lake / "main" / "grades", format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == total and set(table.column("experiment_id").to_pylist()) == {f.EXP}
+    # and the store still answers the same after compaction
+    assert store.next_attempt(f.EXP, "v0/t0/1") == 2
+    assert len(store.trials(f.EXP)) == total
+
+
+def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
+    lake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_data_doc import _populate, _sql_blocks  # the records and queries docs/data.md pins
+
+    lake = Store(paths())
+    monkeypatch.setenv("HANGAR_STORE", "embedded")
+    embedded = Store(paths())
+    assert type(embedded).__name__ == "EmbeddedStore"
+    for store in (lake, embedded):
+        _populate(store)
+    blocks = _sql_blocks()
+    assert len(blocks) == 5
+    for sql in [
+        *blocks,
+        "SELECT * FROM experiment_index ORDER BY ALL",
+        "SELECT * FROM variant_summary ORDER BY ALL",
+        "SELECT * FROM budget_ledger ORDER BY ALL",
+    ]:
+        got_lake, got_embedded = lake._query(sql, []), embedded._query(sql, [])
+        assert got_lake == got_embedded, sql
+        assert got_embedded, f"the populated store answers {sql}"
+
+
+def test_the_store_settings_reach_a_run_and_come_back(tmp_path: Path) -> None:
+    from hangar_dagster.orchestration.resources import HangarResource
+    from hangar_dagster.settings import Settings
+
+    env = {
+        "HANGAR_HOME": str(tmp_path),
+        "HANGAR_STORE": "ducklake",
+        "HANGAR_STORE_CATALOG": "host=db dbname=hangar user=w password=secret",
+        "HANGAR_STORE_DATA": "/shared/lake",
+    }
+    settings = Settings.from_env(env)
+    assert settings.paths.store.mode == "ducklake" and settings.paths.lake == Path("/shared/lake")
+    assert "secret" not in repr(settings) and "secret" not in repr(settings.paths)
+    resource = HangarResource.from_settings(settings)
+    assert "secret" not in repr(resource)  # an EnvVar: resolved in the run's process
+    assert resource.store_mode == "ducklake" and resource.store_data == "/shared/lake"
