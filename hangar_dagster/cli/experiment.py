@@ -565,7 +565,9 @@ def archive_cmd(
         raise typer.Exit(2)
 
     # A run whose worker is gone would block the archive for good: end it first, as resume does.
-    run_in_flight(load_resolved(p, eid), settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]"))
+    run_in_flight(
+        load_resolved(p, eid), settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]")
+    )
     runs = run_status(settings)
     if (why := check(force, runs)) is not None:
         refuse(why)

@@ -142,7 +142,9 @@ def ended_run(instance: dg.DagsterInstance, paths: HangarPaths, record: dg.RunRe
         if failures and (event := failures[0].event_log_entry.dagster_event) is not None:
             message = event.message or ""
     left = read_run_process(paths, run.run_id) is not None
-    return EndedRun(run.run_id, run.status.value, left, message)
+    return EndedRun(
+        run.run_id, run.status.value, left, message, started=record.start_time is not None
+    )
 
 
 def ended_runs(
