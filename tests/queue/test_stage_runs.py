@@ -73,8 +73,13 @@ def test_a_run_that_failed_before_it_started_is_a_death_and_is_retried() -> None
     assert after_failure("base_checks", [never]) is None
     assert "retry 1 of" in retry_note("base_checks", [never])
     runs = [
-        EndedRun(f"n{i}", "FAILURE", record_left=False, message="", started=False)
+        EndedRun(f"n{i}", "FAILURE", record_left=False, message=never.message, started=False)
         for i in range(STAGE_RUN_RETRIES + 1)
     ]
     why = after_failure("base_checks", runs)
     assert why is not None and "not started again" in why
+    # a run that failed before starting for another reason (its job did not load) waits
+    broken = EndedRun(
+        "r4", "FAILURE", record_left=False, message="Could not load job", started=False
+    )
+    assert not broken.worker_died and after_failure("base_checks", [broken]) is not None
