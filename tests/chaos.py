@@ -356,11 +356,7 @@ def round_ui(r: Round, home: Path, spec: Path, timeout: float) -> str:
             ui = start_ui(home, log)
             r.outcome = "UI killed and started again"
         elif r.mode == "daemon":
-            daemons = [
-                p.pid
-                for p in _descendants(ui.pid)
-                if any("dagster-daemon" in a or a == "daemon" for a in cmdline(p.pid)[:4])
-            ]
+            daemons = [p.pid for p in _descendants(ui.pid) if _is_daemon(p.pid)]
             for pid in daemons:
                 os.kill(pid, signal.SIGKILL)
             if not wait_for(lambda: ui.poll() is None and _has_daemon(ui.pid), 20, 1.0):
@@ -393,11 +389,13 @@ def _descendants(pid: int) -> list[Any]:
     return list(descendants(pid))
 
 
+def _is_daemon(pid: int) -> bool:
+    # `dagster dev` starts it as `python -m dagster._daemon run`; by hand it is `dagster-daemon`
+    return any(a == "dagster._daemon" or a.endswith("dagster-daemon") for a in cmdline(pid)[:4])
+
+
 def _has_daemon(pid: int) -> bool:
-    return any(
-        any("dagster-daemon" in a or a == "daemon" for a in cmdline(p.pid)[:4])
-        for p in _descendants(pid)
-    )
+    return any(_is_daemon(p.pid) for p in _descendants(pid))
 
 
 def one_round(r: Round, work: Path, spec: Path, planned: int, timeout: float) -> Round:
@@ -431,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the instants are drawn over "
         "(default: measured by one undisturbed run --wait first)",
     )
-    ap.add_argument("--timeout", type=float, default=300, help="seconds a round may take to end")
+    ap.add_argument("--timeout", type=float, default=420, help="seconds a round may take to end")
     ap.add_argument(
         "--work", type=Path, default=None, help="keep the homes here (default: a temp dir)"
     )
