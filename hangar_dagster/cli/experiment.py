@@ -604,6 +604,7 @@ def archive_cmd(
     )
     from hangar_dagster.experiment.state import archive_refusal
     from hangar_dagster.experiment.submit import load_resolved
+    from hangar_dagster.orchestration.driver import run_in_flight
     from hangar_dagster.orchestration.status import run_status
     from hangar_dagster.queue.starts import pending
     from hangar_dagster.results.records import NoteRecord, utcnow
@@ -631,6 +632,10 @@ def archive_cmd(
         err.print(f"[red]refused:[/] {eid}: {escape(why.message)}; {escape(why.fix)}")
         raise typer.Exit(2)
 
+    # A run whose worker is gone would block the archive for good: end it first, as resume does.
+    run_in_flight(
+        load_resolved(p, eid), settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]")
+    )
     runs = run_status(settings)
     if (why := check(force, runs)) is not None:
         refuse(why)

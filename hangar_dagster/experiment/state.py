@@ -71,8 +71,11 @@ def archive_refusal(
     if in_flight is not None:
         return Refusal(
             message=in_flight,
-            fix="wait until it ends (`hangar experiment get` follows it), or terminate it "
-            "in the Dagster UI; --force does not archive beside a run in flight",
+            # No UI needed: a run whose worker is gone is ended by archive itself (as by resume).
+            fix="wait until it ends (`hangar experiment get` follows it), or stop its worker "
+            "(`kill PID`, the pid in $HANGAR_HOME/runs/RUN_ID.json) and archive again: a run "
+            "whose worker is gone is marked failed first; --force does not archive beside a "
+            "run in flight",
         )
     if force:
         return None

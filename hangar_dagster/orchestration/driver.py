@@ -27,6 +27,7 @@ from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
+from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
 from hangar_dagster.queue.starts import base_checks_stored, blocker, invalid_tasks, pending
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
@@ -90,9 +91,8 @@ def run_stages(
         if why := interrupted():
             raise Interrupted(why)
         job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
-        result = dg.execute_job(
-            job, instance, run_config=QUIET, tags=stage_tags(exp, stage), raise_on_error=False
-        )
+        tags = stage_tags(exp, stage) | {TAG_CREATOR: creator_tag()}
+        result = dg.execute_job(job, instance, run_config=QUIET, tags=tags, raise_on_error=False)
         run_ids.append(result.run_id)
         if why := interrupted():  # the run ended early because of it: say that, not its status
             raise Interrupted(why)

@@ -170,7 +170,9 @@ def trial_metadata(part: TrialPartition, canary: str, page: Path | None = None) 
         "agent": f"{t.agent} (scripted stand-in, no model)" if t.agent_is_standin else t.agent,
         "model": t.model,
         "turns": t.turns,
-        "cost_usd": t.cost_usd,
+        "cost_usd": t.cost_usd,  # absent when unknown: the estimate and its basis say why
+        "cost_estimate_usd": t.cost_estimate_usd,
+        "cost_basis": t.cost_basis,
         "duration_s": round(t.duration_s, 2),
         "patch_bytes": t.patch_bytes,
         "artifacts": dg.MetadataValue.path(t.artifacts_dir),

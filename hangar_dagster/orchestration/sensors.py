@@ -31,7 +31,7 @@ from hangar_dagster.orchestration.stages import (
     stage_tags,
 )
 from hangar_dagster.queue.drain import request_drain
-from hangar_dagster.queue.liveness import read_run_process, worker_gone
+from hangar_dagster.queue.liveness import TAG_CREATOR, read_run_process, worker_gone
 from hangar_dagster.queue.stage_runs import (
     STAGE_RUN_RETRIES,
     EndedRun,
@@ -120,7 +120,12 @@ def end_dead_runs(instance: dg.DagsterInstance, paths: HangarPaths, runs: StageR
     for stage, records in runs.items():
         for record in records:
             run = record.dagster_run
-            if run.status not in HAS_WORKER or (why := worker_gone(paths, run.run_id)) is None:
+            creator = run.tags.get(TAG_CREATOR)
+            # NOT_STARTED has a worker only for a run the CLI executes itself (it tags those)
+            has_worker = run.status in HAS_WORKER or (
+                run.status == dg.DagsterRunStatus.NOT_STARTED and creator is not None
+            )
+            if not has_worker or (why := worker_gone(paths, run.run_id, creator)) is None:
                 continue
             instance.report_run_failed(
                 run, f"hangar: {why}; marked failed so that its experiment goes on"
@@ -142,7 +147,9 @@ def ended_run(instance: dg.DagsterInstance, paths: HangarPaths, record: dg.RunRe
         if failures and (event := failures[0].event_log_entry.dagster_event) is not None:
             message = event.message or ""
     left = read_run_process(paths, run.run_id) is not None
-    return EndedRun(run.run_id, run.status.value, left, message)
+    return EndedRun(
+        run.run_id, run.status.value, left, message, started=record.start_time is not None
+    )
 
 
 def ended_runs(

@@ -70,9 +70,15 @@ def read_run_process(paths: HangarPaths, run_id: str) -> RunProcess | None:
         return None  # not recorded (yet), or torn: cannot tell
 
 
-def worker_gone(paths: HangarPaths, run_id: str) -> str | None:
-    """Why run ``run_id``'s process is known to be gone, or None (it runs, or cannot be told)."""
+def worker_gone(paths: HangarPaths, run_id: str, creator: str | None = None) -> str | None:
+    """Why run ``run_id``'s process is known to be gone, or None (it runs, or cannot be told).
+
+    ``creator``: the run's ``TAG_CREATOR`` tag, the answer for a run that recorded no process
+    yet (a CLI killed between creating its run and starting it).
+    """
     rec = read_run_process(paths, run_id)
+    if rec is None and creator is not None:
+        rec = _from_creator_tag(run_id, creator)
     if rec is None or rec.host != socket.gethostname():
         return None
     who = f"its process (pid {rec.pid} on {rec.host}, recorded {rec.recorded_at})"
@@ -84,3 +90,32 @@ def worker_gone(paths: HangarPaths, run_id: str) -> str | None:
     if rec.start_ticks >= 0 and now.start != rec.start_ticks:
         return f"{who} is gone (pid {rec.pid} is another process now)"
     return None
+
+
+# The tag of a run the CLI creates and executes itself (`run --wait`, `resume`): the process
+# that will run it. Dagster creates the run NOT_STARTED and starts it only once the
+# definitions have loaded (seconds); a CLI killed in between leaves it NOT_STARTED for good,
+# with no process record, and it would block the experiment (found by tests/chaos.py).
+TAG_CREATOR = "hangar/creator"
+
+
+def creator_tag() -> str:
+    """This process as ``TAG_CREATOR``'s value (the fields of a process record, as JSON)."""
+    me = read_proc(os.getpid())
+    return json.dumps(
+        {
+            "host": socket.gethostname(),
+            "boot_id": boot_id(),
+            "pid": os.getpid(),
+            "start_ticks": me.start if me is not None else -1,
+            "recorded_at": utcnow().isoformat(),
+        },
+        sort_keys=True,
+    )
+
+
+def _from_creator_tag(run_id: str, tag: str) -> RunProcess | None:
+    try:
+        return RunProcess(run_id=run_id, **json.loads(tag))
+    except (ValueError, TypeError):
+        return None  # a foreign or torn tag: cannot tell

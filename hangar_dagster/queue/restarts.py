@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import socket
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,12 +69,34 @@ def started_markers(paths: HangarPaths, experiment_id: str) -> list[StartedMarke
     return out
 
 
+def estimate_cost(exp: ResolvedExperiment, known: list[float], variant: str) -> tuple[float, str]:
+    """(estimate, basis) of an attempt whose cost is unknown: unknown is not free.
+
+    The median of the variant's known attempt costs in this experiment (one agent and model
+    on the same tasks: the nearest evidence there is); with none yet, the spec's per-trial
+    cap ``trial_job_budget.max_cost_usd`` (an upper bound: no attempt may spend more); with
+    neither, 0 and a basis that says nothing bounds it. docs/data.md, "Unknown costs".
+    """
+    if known:
+        return (
+            round(statistics.median(known), 6),
+            f"median of {len(known)} known attempt cost(s) of variant {variant}",
+        )
+    if exp.spec.trial_job_budget is not None:
+        return (
+            exp.spec.trial_job_budget.max_cost_usd,
+            f"trial_job_budget.max_cost_usd (no known cost of variant {variant} yet)",
+        )
+    return 0.0, f"none: no known cost of variant {variant} and no trial_job_budget"
+
+
 def _closed_record(
     exp: ResolvedExperiment,
     marker: StartedMarker,
     art: Path,
     closed_by: str,
     aliases: frozenset[str],
+    estimate: tuple[float, str],
 ) -> TrialRecord:
     key = TrialKey.parse(marker.trial_key)
     variant = exp.variants[key.variant]
@@ -94,12 +117,14 @@ def _closed_record(
         "pin_set": variant.pin_set,
         "started_at": marker.started_at,
     }
-    trace = {
+    trace: dict[str, object] = {
         "outcome_class": "infra_error",
         "infra_reason": "control_plane_restart",
         "error": error,
         "events": [],
-        "cost_usd": 0.0,  # unknown: the process that knew it is gone
+        "cost_usd": None,  # unknown: the process that knew it is gone
+        "cost_estimate_usd": estimate[0],
+        "cost_basis": estimate[1],
     }
     write_atomic(art / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
     write_atomic(art / "trace.json", json.dumps(trace, indent=2, sort_keys=True))
@@ -122,7 +147,9 @@ def _closed_record(
         turns=0,
         tokens_in=0,
         tokens_out=0,
-        cost_usd=0.0,
+        cost_usd=None,
+        cost_estimate_usd=estimate[0],
+        cost_basis=estimate[1],
         error=error,
         manifest=manifest,
         trace=trace,
@@ -144,7 +171,12 @@ def close_interrupted(
     the records stored (a record another run stored first is skipped).
     """
     paths = settings.paths
-    stored = {(t.trial_key, t.attempt) for t in store.trials(exp.experiment_id, all_attempts=True)}
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    stored = {(t.trial_key, t.attempt) for t in attempts}
+    known: dict[str, list[float]] = {}
+    for t in attempts:
+        if t.cost_usd is not None:
+            known.setdefault(t.variant, []).append(t.cost_usd)
     closed = []
     for marker in started_markers(paths, exp.experiment_id):
         if (marker.trial_key, marker.attempt) in stored or marker.run_id == current_run:
@@ -152,7 +184,9 @@ def close_interrupted(
         if in_flight(marker):
             continue
         art = paths.trial_artifacts(exp.experiment_id, marker.trial_key, marker.attempt)
-        record = _closed_record(exp, marker, art, current_run, settings.model_aliases)
+        variant = TrialKey.parse(marker.trial_key).variant
+        estimate = estimate_cost(exp, known.get(variant, []), variant)
+        record = _closed_record(exp, marker, art, current_run, settings.model_aliases, estimate)
         try:
             store.put(record)
         except DuplicateRecordError:

@@ -10,7 +10,10 @@ invalid, it never started): a person looks, and the sensor waits, saying so.
 The evidence of a death is hangar's own: the run's process record
 (queue/liveness.py) is removed when the run's resources are torn down, which
 every run that ends by itself does, so a failed run whose record is still
-there lost its worker. A run that succeeds resets the count. Dagster-free: the
+there lost its worker. A run that never started (no RUN_START) and was
+failed for it (run monitoring's start timeout: its launcher died; or
+hangar's liveness check: the CLI that created it died) counts as a death
+too: none of its code ran, so there is nothing for a person to read. A run that succeeds resets the count. Dagster-free: the
 sensor hands in what it read from the instance (docs/queue.md, "Runs whose
 worker died").
 """
@@ -29,10 +32,24 @@ class EndedRun:
     status: str  # Dagster's run status name: SUCCESS, FAILURE, CANCELED
     record_left: bool  # its process record outlived it: it never tore down (liveness.py)
     message: str  # why it ended, as Dagster recorded it ("" when unknown)
+    # It reached RUN_START. A run failed before that by run monitoring's start timeout (its
+    # launcher died) or by hangar's liveness check (its CLI died) ran none of its code.
+    started: bool = True
 
     @property
     def worker_died(self) -> bool:
-        return self.status == "FAILURE" and self.record_left
+        if self.status != "FAILURE":
+            return False
+        return self.record_left or (not self.started and _never_started(self.message))
+
+
+def _never_started(message: str) -> bool:
+    """Whether a run that never started was failed for that reason (not, say, a load error)."""
+    # run monitoring's "Run timed out due to taking longer than N seconds to start.", and
+    # sensors.end_dead_runs' "hangar: its process (...) is gone; marked failed ..."
+    return message.endswith("seconds to start.") or (
+        message.startswith("hangar: its process") and " is gone" in message
+    )
 
 
 def deaths_in_a_row(runs: list[EndedRun]) -> list[EndedRun]:

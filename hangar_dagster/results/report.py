@@ -76,6 +76,7 @@ class Health:
     passed: int  # counted passes
     cost_per_pass_usd: float | None
     tokens_per_pass: float | None
+    cost_estimated_usd: float = 0.0  # the part of cost_usd that is an estimate of unknown costs
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,9 @@ def _health(rows: Sequence[Row], attempts: Sequence[TrialRecord], variant: str) 
     spent = [a for a in attempts if a.variant == variant]
     ev = Counter(r.evidence for r in mine)
     passed = sum(1 for r in mine if r.counted and r.passed)
-    cost = sum(a.cost_usd for a in spent)
+    # An unknown cost (None) counts as its estimate, as the budget does.
+    estimated = sum(a.cost_estimate_usd or 0.0 for a in spent if a.cost_usd is None)
+    cost = sum(a.cost_usd for a in spent if a.cost_usd is not None) + estimated
     tokens = sum(a.tokens_in + a.tokens_out for a in spent)
     flagged = tuple(r.trial_key for r in mine if r.flagged)
     return Health(
@@ -240,6 +243,7 @@ def _health(rows: Sequence[Row], attempts: Sequence[TrialRecord], variant: str) 
         passed=passed,
         cost_per_pass_usd=round(cost / passed, 6) if passed else None,
         tokens_per_pass=round(tokens / passed, 1) if passed else None,
+        cost_estimated_usd=round(estimated, 6),
     )
 
 
@@ -722,13 +726,18 @@ def _health_lines(v: VariantReport) -> list[str]:
         else "no passed trial"
     )
     flagged = f" ({', '.join(h.flagged)})" if h.flagged else ""
+    estimated = (
+        f" (${h.cost_estimated_usd:.4f} of it estimated: costs unknown)"
+        if h.cost_estimated_usd
+        else ""
+    )
     return [
         f"{h.trials} trials: {h.admissible} admissible, {h.execution_failures} execution "
         f"failure(s), {h.evidence_failures} evidence failure(s); {h.infra_retries} infra retr"
         f"{'y' if h.infra_retries == 1 else 'ies'}",
         f"flagged passes, counted apart (not in the pass rate): {h.flagged_passes}{flagged}",
         f"trust: {trust}",
-        f"cost ${h.cost_usd:.4f}, {h.tokens} tokens; {per_pass}",
+        f"cost ${h.cost_usd:.4f}{estimated}, {h.tokens} tokens; {per_pass}",
     ]
 
 

@@ -565,6 +565,18 @@ class EmbeddedStore(Store):
                     con.execute(
                         f'ALTER TABLE {table.name} ADD COLUMN IF NOT EXISTS "{c.name}" {c.sql_type}'
                     )
+            # ... and one made while a column was NOT NULL (trials.cost_usd) lets it be NULL.
+            not_null = {
+                r[0]
+                for r in con.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_name = ? AND is_nullable = 'NO'",
+                    [table.name],
+                ).fetchall()
+            }
+            for c in table.columns:
+                if c.nullable and c.name in not_null:
+                    con.execute(f'ALTER TABLE {table.name} ALTER COLUMN "{c.name}" DROP NOT NULL')
         for view in VIEWS:
             con.execute(view)
 

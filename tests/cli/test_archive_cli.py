@@ -15,7 +15,7 @@ from hangar_dagster.experiment.catalog import ARCHIVED
 from hangar_dagster.orchestration.definitions import build_definitions
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.settings import Settings, paths
-from tests.conftest import command_agent_spec, hangar, write_spec
+from tests.conftest import command_agent_spec, hangar, killed_worker, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -156,5 +156,35 @@ def test_archive_refuses_beside_a_run_in_flight_even_forced_and_list_says_runnin
         assert refused.returncode == 2, refused.stdout + refused.stderr
         said = " ".join(refused.stderr.split())
         assert f"refused: {eid}: its trials run {run_id} is STARTED" in said
-        assert "terminate it in the Dagster UI" in said
+        assert "stop its worker (`kill PID`" in said and "Dagster UI" not in said
         assert not (paths().experiment_dir(eid) / ARCHIVED).exists()
+
+
+def test_archive_beside_a_run_whose_worker_died_ends_that_run_and_archives_without_the_ui(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(example_dir, command_agent_spec(example_dir, tmp_path, "orphan", "true"))
+    sub = hangar("experiment", "run", str(spec), home=hangar_home)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    eid = submitted_id(sub.stdout)
+    ensure_dagster_home(Settings.from_env())
+    run_id = str(uuid.uuid4())
+    with dg.DagsterInstance.get() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{eid}__trials_job",
+                run_id=run_id,
+                status=dg.DagsterRunStatus.STARTED,
+                tags={"hangar/experiment": eid, "hangar/stage": "trials"},
+            )
+        )
+    pid = killed_worker(hangar_home, run_id)  # recorded itself, then died with its daemon
+
+    done = hangar("experiment", "archive", eid, "--force", home=hangar_home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"its trials run {run_id} was STARTED, but its process (pid {pid} on" in said
+    assert (paths().experiment_dir(eid) / ARCHIVED).exists()
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.status == dg.DagsterRunStatus.FAILURE

@@ -77,3 +77,51 @@ def test_resume_ends_a_run_whose_worker_was_killed_and_goes_on_without_the_ui(
         assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
     assert {"spec", "trials", "index"} <= stages
+
+
+def test_resume_ends_a_run_its_killed_cli_created_but_never_started(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    """Regression (tests/chaos.py): `run --wait` SIGKILLed between creating a stage run and
+    starting it (the definitions load in between) left the run NOT_STARTED for good, and
+    resume refused beside it ("is NOT_STARTED since ...")."""
+    import subprocess
+    import sys
+
+    spec = command_agent_spec(example_dir, tmp_path, "unstarted", "true")
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    ensure_dagster_home(Settings.from_env())
+    # The tag the CLI's run carries ("hangar/creator"), written by a process that has exited.
+    said = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from hangar_dagster.queue.liveness import creator_tag as t; print(t())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    run_id = str(uuid.uuid4())
+    with dg.DagsterInstance.get() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{exp.experiment_id}__spec_job",
+                run_id=run_id,
+                status=dg.DagsterRunStatus.NOT_STARTED,
+                tags={
+                    "hangar/experiment": exp.experiment_id,
+                    "hangar/stage": "spec",
+                    "hangar/creator": said.stdout.strip(),
+                },
+            )
+        )
+
+    resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"its spec run {run_id} was NOT_STARTED, but its process" in " ".join(
+        resumed.stderr.split()
+    )
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.status == dg.DagsterRunStatus.FAILURE

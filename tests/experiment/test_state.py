@@ -103,4 +103,4 @@ def test_archive_never_beside_a_run_in_flight_even_forced() -> None:
         )
         assert refused is not None
         assert refused.message == run
-        assert "terminate it in the Dagster UI" in refused.fix
+        assert "stop its worker (`kill PID`" in refused.fix and "UI" not in refused.fix

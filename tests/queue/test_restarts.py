@@ -68,11 +68,14 @@ def test_attempt_cut_off_by_a_restart_leaves_no_trace(exp: ResolvedExperiment) -
 
     assert [(t.trial_key, t.attempt) for t in closed] == [("plain/median/1", 1)]
     row = store.trials(exp.experiment_id, all_attempts=True)[0]
+    # unknown is not free: no cost (NULL), an estimate and its basis beside it
     assert (row.outcome_class, row.infra_reason, row.cost_usd) == (
         "infra_error",
         "control_plane_restart",
-        0.0,
+        None,
     )
+    assert row.cost_estimate_usd == 0.0 and row.cost_basis is not None
+    assert "no known cost of variant plain and no trial_job_budget" in row.cost_basis
     assert row.run_id == "run-dead" and row.error is not None and "run-dead" in row.error
     assert row.started_at == AT and row.finished_at >= AT
     assert (art / RAW_PATCH).read_text() == ""  # the grades asset can read it
@@ -80,6 +83,40 @@ def test_attempt_cut_off_by_a_restart_leaves_no_trace(exp: ResolvedExperiment) -
     assert (retry.attempt, retry.retry_of, retry.counts_toward_cap) == (2, "run-dead", False)
     # closing again finds nothing to close: one record per attempt
     assert close_interrupted(exp, store, Settings.from_env(), "run-later", by_process) == []
+
+
+def test_an_unknown_cost_is_estimated_from_the_variants_known_costs_and_the_budget_counts_it(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    for n, cost in ((1, 0.10), (2, 0.30), (3, 0.20)):
+        store.put(attempt(exp, f"plain/median/{n}", 1, cost_usd=cost))
+    mark(exp, "plain/slugify/1", 1, "run-dead", dead_pid())
+    (closed,) = close_interrupted(exp, store, Settings.from_env(), "run-now", by_process)
+    assert closed.cost_usd is None
+    assert closed.cost_estimate_usd == pytest.approx(0.20)
+    assert closed.cost_basis == "median of 3 known attempt cost(s) of variant plain"
+    assert closed.trace["cost_usd"] is None and closed.trace["cost_estimate_usd"] == 0.2
+    # stored NULL in DuckDB and Parquet, and the monthly budget counts the estimate
+    row = store.trials(exp.experiment_id, all_attempts=True)
+    assert [t.cost_usd for t in row if t.trial_key == "plain/slugify/1"] == [None]
+    (spend,) = store.month_spend(closed.finished_at.strftime("%Y-%m"))  # the known ones: AT
+    assert spend["attempts"] == 1 and spend["spent_usd"] == pytest.approx(0.20)
+    assert spend["spent_total_usd"] == pytest.approx(0.80)
+
+
+def test_with_no_known_cost_the_estimate_is_the_per_trial_cap(exp: ResolvedExperiment) -> None:
+    from hangar_dagster.experiment.spec import Budget
+    from hangar_dagster.queue.restarts import estimate_cost
+
+    capped = exp.model_copy(
+        update={"spec": exp.spec.model_copy(update={"trial_job_budget": Budget(max_cost_usd=2.5)})}
+    )
+    assert estimate_cost(capped, [], "plain") == (
+        2.5,
+        "trial_job_budget.max_cost_usd (no known cost of variant plain yet)",
+    )
+    assert estimate_cost(capped, [1.0, 3.0], "plain")[0] == 2.0
 
 
 def test_finished_current_and_live_attempts_are_not_closed(exp: ResolvedExperiment) -> None:

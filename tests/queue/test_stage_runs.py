@@ -57,3 +57,29 @@ def test_a_canceled_run_is_not_retried_by_the_sensor() -> None:
     why = after_failure("spec", [canceled])
     assert why is not None and "canceled" in why and "resume" in why
     assert not canceled.worker_died
+
+
+def test_a_run_that_failed_before_it_started_is_a_death_and_is_retried() -> None:
+    # Launched by a daemon that died, failed by run monitoring's start timeout: none of its
+    # code ran, so no person has logs to read; the sensor starts the stage again.
+    never = EndedRun(
+        "r3",
+        "FAILURE",
+        record_left=False,
+        message="Run timed out due to taking longer than 300 seconds to start.",
+        started=False,
+    )
+    assert never.worker_died
+    assert after_failure("base_checks", [never]) is None
+    assert "retry 1 of" in retry_note("base_checks", [never])
+    runs = [
+        EndedRun(f"n{i}", "FAILURE", record_left=False, message=never.message, started=False)
+        for i in range(STAGE_RUN_RETRIES + 1)
+    ]
+    why = after_failure("base_checks", runs)
+    assert why is not None and "not started again" in why
+    # a run that failed before starting for another reason (its job did not load) waits
+    broken = EndedRun(
+        "r4", "FAILURE", record_left=False, message="Could not load job", started=False
+    )
+    assert not broken.worker_died and after_failure("base_checks", [broken]) is not None

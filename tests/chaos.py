@@ -1,0 +1,482 @@
+"""Chaos: kill hangar's processes and drain at random instants, then check what the store kept.
+
+Run by hand from the checkout's root (it builds its own example, harness and homes under a
+temporary directory, and uses the scripted `command` stand-in agent, no model):
+
+    HANGAR_EVAL_WINDOW=always .venv/bin/python -m tests.chaos --rounds 20 [--seed S] [--modes ...]
+
+Each round submits a small experiment (the example's `median` task, ``--trials`` trials in
+parallel) into a fresh ``HANGAR_HOME`` and, at an instant drawn uniformly over one run's span,
+does one of:
+
+- ``worker``: SIGKILL the process group of ``hangar experiment run --wait`` (under ``--wait``
+  the CLI is the run worker: the stage runs and their sandboxes die with it);
+- ``drain``: ask every trials run in flight to drain (the end-of-window drain's marker);
+- ``ui-worker``: with ``hangar ui`` driving, SIGKILL the run worker of the run in flight;
+- ``daemon``: with ``hangar ui`` driving, SIGKILL its ``dagster-daemon``;
+- ``ui``: SIGKILL ``hangar ui``'s whole process group (webserver, daemon, code server, run
+  worker at once), then start ``hangar ui`` again.
+
+It records the stage the instant fell in (spec, pin_sets, base_checks, mid-trial, mid-verify,
+mid-grade, trials (other), index, or between runs), lets the experiment finish by itself
+(``run --wait`` to its end, or the daemon) and, if it does not, runs ``hangar experiment
+resume`` once, saying which. Then it checks the store: no finished trial lost (every attempt
+stored at the kill is still there, unchanged), no counted trial ungraded, no key with two
+counted attempts, attempt numbers without gaps, Parquet and DuckDB holding the same rows, and
+the experiment complete. The seed is printed first; the same seed draws the same modes and
+instants (the machine's timing still varies). Exit 1 if any round broke a rule.
+tests/orchestration/test_chaos.py runs it with a few rounds; docs/operations.md ("Chaos")
+records the figures of the last run by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODES = ("worker", "drain", "ui-worker", "daemon", "ui")
+UI_MODES = frozenset({"ui-worker", "daemon", "ui"})
+AGENT = "sleep 1.5\n"  # long enough that a kill can land mid-agent; the fix follows
+
+
+@dataclass
+class Round:
+    n: int
+    mode: str
+    at_s: float
+    stage: str = "?"
+    outcome: str = "?"
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    run_s: float = 0.0  # how long the first run (`run --wait`) lasted
+    complete: bool = False  # complete before any resume
+    kept: set[tuple[Any, ...]] = field(default_factory=set)  # trials stored at the kill
+
+
+# --- the world of one run ---------------------------------------------------------------------
+def example(work: Path) -> Path:
+    import shutil
+
+    from tests.conftest import EXAMPLE
+
+    dest = work / "example" / "skills-ab"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    subprocess.run(
+        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
+        check=True,
+        capture_output=True,
+    )
+    return dest
+
+
+def spec_file(example_dir: Path, work: Path, trials: int) -> Path:
+    from tests.conftest import FIX_MEDIAN, command_agent_spec, write_spec
+
+    spec = command_agent_spec(
+        example_dir,
+        work,
+        "chaos",
+        "sh $HANGAR_HARNESS_DIR/agent.sh",
+        {"agent.sh": AGENT + FIX_MEDIAN},
+    )
+    spec.update(trials=trials, parallel=trials)
+    return write_spec(example_dir, spec)
+
+
+def env_of(home: Path) -> dict[str, str]:
+    from tests.conftest import cli_env
+
+    return cli_env(home)
+
+
+def hangar_exe() -> str:
+    return str(Path(sys.executable).with_name("hangar"))
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def tree(root: int) -> list[list[str]]:
+    from hangar_dagster.util.procs import descendants
+
+    return [c for p in descendants(root) if (c := cmdline(p.pid))]
+
+
+def in_flight(home: Path, experiment_id: str | None) -> list[tuple[str, str]]:
+    """(run id, stage) of the experiment's runs in flight."""
+    import dagster as dg
+
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+
+    if not (home / "dagster").exists():
+        return []
+    statuses = [
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+    ]
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        runs = instance.get_runs(dg.RunsFilter(statuses=statuses))
+    return [
+        (r.run_id, r.tags.get(TAG_STAGE, "?"))
+        for r in runs
+        if experiment_id is None or r.tags.get(TAG_EXPERIMENT) == experiment_id
+    ]
+
+
+def stage_now(home: Path, experiment_id: str | None, root: int) -> str:
+    """Which stage the instant falls in, from the runs in flight and the processes below ``root``."""
+    stages = {s for _, s in in_flight(home, experiment_id)}
+    if not stages:
+        return "between runs"
+    if "trials" not in stages:
+        return sorted(stages)[0]
+    procs = [" ".join(c) for c in tree(root)]
+    if any("hangar-grade" in c or "hangar_grade" in c for c in procs):
+        return "mid-grade"
+    if any(c.startswith("sleep 1.5") for c in procs):
+        return "mid-trial"
+    if any("pytest -q tests" in c for c in procs):
+        return "mid-verify"
+    return "trials (other)"
+
+
+def experiment_id_of(home: Path) -> str | None:
+    exps = home / "experiments"
+    ids = sorted(p.name for p in exps.iterdir()) if exps.exists() else []
+    return ids[0] if ids else None
+
+
+def listed_state(home: Path, experiment_id: str) -> str:
+    import json
+
+    done = subprocess.run(
+        [hangar_exe(), "experiment", "list", "--json"],
+        env=env_of(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    rows = {r["experiment_id"]: r for r in json.loads(done.stdout or "[]")}
+    return str(rows.get(experiment_id, {}).get("state", "?"))
+
+
+# --- the store --------------------------------------------------------------------------------
+def parquet_rows(home: Path, table: str) -> set[tuple[Any, ...]]:
+    import pyarrow.parquet as pq
+
+    cols = (
+        ["trial_key", "attempt", "outcome_class", "infra_reason", "run_id"]
+        if table == "trials"
+        else ["trial_key", "attempt", "passed", "run_id"]
+    )
+    root = home / "parquet" / table
+    out = set()
+    for f in sorted(root.rglob("*.parquet")) if root.exists() else []:
+        t = pq.read_table(f, columns=cols).to_pylist()
+        out |= {tuple(r[c] for c in cols) for r in t}
+    return out
+
+
+def check_store(
+    home: Path, experiment_id: str, planned: int, kept: set[tuple[Any, ...]]
+) -> list[str]:
+    import duckdb
+
+    problems = []
+    trials = parquet_rows(home, "trials")
+    grades = parquet_rows(home, "grades")
+    if lost := kept - trials:
+        problems.append(f"finished trials lost or changed: {sorted(lost)}")
+    con = duckdb.connect(str(home / "hangar.duckdb"), read_only=True)
+    try:
+        db_trials = set(
+            con.execute(
+                "SELECT trial_key, attempt, outcome_class, infra_reason, run_id FROM trials"
+            ).fetchall()
+        )
+        db_grades = set(
+            con.execute("SELECT trial_key, attempt, passed, run_id FROM grades").fetchall()
+        )
+        index = con.execute(
+            "SELECT trial_key, outcome_class, passed, task_invalid FROM experiment_index "
+            "WHERE experiment_id = ?",
+            [experiment_id],
+        ).fetchall()
+    finally:
+        con.close()
+    if db_trials != trials or db_grades != grades:
+        problems.append(
+            f"Parquet and DuckDB disagree: trials only in Parquet {sorted(trials - db_trials)}, "
+            f"only in DuckDB {sorted(db_trials - trials)}; grades only in Parquet "
+            f"{sorted(grades - db_grades)}, only in DuckDB {sorted(db_grades - grades)}"
+        )
+    if len(index) != planned:
+        problems.append(f"{len(index)} trial keys in the index, {planned} planned")
+    ungraded = [k for k, o, p, inv in index if o != "infra_error" and p is None and not inv]
+    if ungraded:
+        problems.append(f"counted trials without a grade: {ungraded}")
+    if failed := [k for k, o, _, _ in index if o == "infra_error"]:
+        problems.append(f"keys whose counted attempt is an infra_error: {failed}")
+    by_key: dict[str, list[tuple[int, str]]] = {}
+    for key, attempt, outcome, _, _ in trials:
+        by_key.setdefault(key, []).append((attempt, outcome))
+    for key, rows in sorted(by_key.items()):
+        numbers = sorted(a for a, _ in rows)
+        if numbers != list(range(1, len(numbers) + 1)):
+            problems.append(f"{key}: attempt numbers with a gap or twice: {numbers}")
+        if (counted := sum(1 for _, o in rows if o != "infra_error")) > 1:
+            problems.append(f"{key}: {counted} counted attempts")
+    graded = Counter((k, a) for k, a, _, _ in grades)
+    if twice := [ka for ka, n in graded.items() if n > 1]:
+        problems.append(f"attempts graded twice: {twice}")
+    return problems
+
+
+# --- one round --------------------------------------------------------------------------------
+def wait_for(pred: Callable[[], bool], seconds: float, step: float = 0.2) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def start_ui(home: Path, log: Path) -> subprocess.Popen[bytes]:
+    from tests.conftest import start_ui as start
+
+    return start(home, log, seconds=300)
+
+
+def stop_ui(proc: subprocess.Popen[bytes]) -> None:
+    from tests.conftest import stop_ui as stop
+
+    if proc.poll() is None:
+        stop(proc)
+
+
+def resume(home: Path, experiment_id: str, r: Round, timeout: float) -> None:
+    done = subprocess.run(
+        [hangar_exe(), "experiment", "resume", experiment_id],
+        env=env_of(home),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    r.outcome += f"; then one resume (exit {done.returncode})"
+    if done.returncode != 0:
+        r.problems.append(f"resume exit {done.returncode}: {done.stderr[-1500:]}")
+
+
+def round_cli(r: Round, home: Path, spec: Path, timeout: float) -> str:
+    """``worker`` and ``drain``: under ``hangar experiment run --wait`` (no daemon)."""
+    from hangar_dagster.queue.drain import request_drain
+    from hangar_dagster.settings import HangarPaths
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [hangar_exe(), "experiment", "run", str(spec), "--wait"],
+        env=env_of(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        try:
+            proc.wait(timeout=r.at_s)
+        except subprocess.TimeoutExpired:
+            pass
+        eid = experiment_id_of(home)
+        if proc.poll() is not None:
+            r.stage = "after the end"
+        else:
+            r.stage = stage_now(home, eid, proc.pid)
+            if r.mode == "worker":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                for run_id, stage in in_flight(home, eid):
+                    if stage == "trials":
+                        request_drain(HangarPaths(home), run_id)
+            r.kept = parquet_rows(home, "trials")
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    r.run_s = time.monotonic() - t0
+    r.outcome = f"run --wait exit {code}"
+    r.complete = code == 0  # run --wait exits 0 only when complete (docs/operations.md)
+    return experiment_id_of(home) or ""
+
+
+def round_ui(r: Round, home: Path, spec: Path, timeout: float) -> str:
+    """``ui-worker``, ``daemon``, ``ui``: the daemon drives the experiment."""
+    from hangar_dagster.queue.liveness import read_run_process
+    from hangar_dagster.settings import HangarPaths
+
+    log = home.parent / f"ui-{r.n}.log"
+    home.mkdir(parents=True)
+    ui = start_ui(home, log)
+    try:
+        sub = subprocess.run(
+            [hangar_exe(), "experiment", "run", str(spec)],
+            env=env_of(home),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        eid = sub.stdout.split("submitted ")[1].split()[0] if "submitted " in sub.stdout else ""
+        if not eid:
+            r.problems.append(f"submit failed: {sub.stderr[-1500:]}")
+            return ""
+        time.sleep(r.at_s)
+        r.stage = stage_now(home, eid, ui.pid)
+        r.kept = parquet_rows(home, "trials")  # a moment before the kill: all of it must stay
+        if r.mode == "ui":
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+            ui = start_ui(home, log)
+            r.outcome = "UI killed and started again"
+        elif r.mode == "daemon":
+            daemons = [p.pid for p in _descendants(ui.pid) if _is_daemon(p.pid)]
+            for pid in daemons:
+                os.kill(pid, signal.SIGKILL)
+            if not wait_for(lambda: ui.poll() is None and _has_daemon(ui.pid), 20, 1.0):
+                stop_ui(ui)  # dagster dev does not restart its daemon: the operator restarts the UI
+                ui = start_ui(home, log)
+                r.outcome = f"daemon killed ({len(daemons)}), UI started again"
+            else:
+                r.outcome = f"daemon killed ({len(daemons)})"
+        else:
+            workers = [
+                rec.pid
+                for run_id, _ in in_flight(home, eid)
+                if (rec := read_run_process(HangarPaths(home), run_id)) is not None
+            ]
+            for pid in workers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            r.outcome = f"run worker killed ({len(workers)})"
+        r.complete = wait_for(lambda: listed_state(home, eid) == "complete", timeout, 3.0)
+        return eid
+    finally:
+        stop_ui(ui)
+
+
+def _descendants(pid: int) -> list[Any]:
+    from hangar_dagster.util.procs import descendants
+
+    return list(descendants(pid))
+
+
+def _is_daemon(pid: int) -> bool:
+    # `dagster dev` starts it as `python -m dagster._daemon run`; by hand it is `dagster-daemon`
+    return any(a == "dagster._daemon" or a.endswith("dagster-daemon") for a in cmdline(pid)[:4])
+
+
+def _has_daemon(pid: int) -> bool:
+    return any(_is_daemon(p.pid) for p in _descendants(pid))
+
+
+def one_round(r: Round, work: Path, spec: Path, planned: int, timeout: float) -> Round:
+    home = work / f"round-{r.n}" / "home"
+    t0 = time.monotonic()
+    eid = (round_ui if r.mode in UI_MODES else round_cli)(r, home, spec, timeout)
+    if not eid:
+        r.problems.append("no experiment was submitted")
+        return r
+    if r.complete:
+        r.outcome += "; complete without a person"
+    else:
+        resume(home, eid, r, timeout)
+    if (state := listed_state(home, eid)) != "complete":
+        r.problems.append(f"experiment {state}, not complete, after one resume")
+    r.problems += check_store(home, eid, planned, r.kept)
+    r.seconds = time.monotonic() - t0
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=None, help="default: drawn, and printed")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated of {MODES}")
+    ap.add_argument("--trials", type=int, default=2, help="trials of the experiment (parallel)")
+    ap.add_argument(
+        "--span",
+        type=float,
+        default=None,
+        help="seconds the instants are drawn over "
+        "(default: measured by one undisturbed run --wait first)",
+    )
+    ap.add_argument("--timeout", type=float, default=420, help="seconds a round may take to end")
+    ap.add_argument(
+        "--work", type=Path, default=None, help="keep the homes here (default: a temp dir)"
+    )
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        ap.error(f"--modes: unknown {bad}; choose from {', '.join(MODES)}")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    print(f"chaos: seed {seed}, {args.rounds} rounds, modes {','.join(modes)}", flush=True)
+    rng = random.Random(seed)
+    os.environ["HANGAR_EVAL_WINDOW"] = "always"
+    with tempfile.TemporaryDirectory(prefix="hangar-chaos-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        spec = spec_file(example(work), work, args.trials)
+        span = args.span
+        if span is None:
+            control = one_round(Round(0, "worker", 10**6), work, spec, args.trials, args.timeout)
+            span = control.run_s
+            print(
+                f"control: an undisturbed run --wait took {span:.1f}s; problems {control.problems}"
+            )
+            if control.problems:
+                return 1
+        rounds = []
+        for n in range(1, args.rounds + 1):
+            r = Round(n, rng.choice(modes), round(rng.uniform(0, span), 2))
+            one_round(r, work, spec, args.trials, args.timeout)
+            rounds.append(r)
+            print(
+                f"round {n}: {r.mode} at {r.at_s}s ({r.stage}): {r.outcome} [{r.seconds:.0f}s]"
+                + (f" PROBLEMS: {r.problems}" if r.problems else ""),
+                flush=True,
+            )
+    broken = [r for r in rounds if r.problems]
+    print(f"chaos: seed {seed}; span {span:.1f}s; {len(rounds)} rounds, {len(broken)} broken")
+    print("  kills by mode:", dict(sorted(Counter(r.mode for r in rounds).items())))
+    print("  by stage:", dict(sorted(Counter(r.stage for r in rounds).items())))
+    print(
+        "  by mode and stage:", dict(sorted(Counter(f"{r.mode}@{r.stage}" for r in rounds).items()))
+    )
+    print(
+        "  outcomes:",
+        dict(sorted(Counter(r.outcome.split("; ", 1)[-1] for r in rounds).items())),
+    )
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
