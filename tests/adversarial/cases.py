@@ -960,3 +960,78 @@ CASES += [
         ("forge_closure_cells", "writes cell_contents"),
     )
 ]
+
+# Where each case runs. The sandbox backends (conftest.BACKENDS) differ in how they build the
+# mount tree, the uid switch, the network, the process tree and its limits, and the grader's
+# pipes (inherited descriptors on bwrap and unshare; on Docker, pipes made by _docker_init whose
+# bytes reach the host through files). Everything else a grade decides is the same code on
+# every backend, run by the same host interpreter under the same `python -I` (hangar_grade.py),
+# with the environment each backend passes exactly (tests/trials/sandbox's
+# test_environment_is_exactly_the_request pins that on all three): the static pass, the
+# trusted reporter and its run-time checks, the comparison probes, the JUnit parser and the
+# cross-checks. A case only those decide runs on the default backend alone; the controls
+# (reference passes, empty patch fails) and the base checks still run on every backend.
+# test_every_case_has_its_backends fails when a case is in neither list, or in both.
+BACKEND_NAMES = ("bwrap", "unshare", "docker")
+DEFAULT_BACKEND = "bwrap"
+EVERY_BACKEND: dict[str, str] = {
+    # filesystem and uid split: read-only root-owned hidden tests, what the grader's uid may reach
+    "write_hidden_tests": "writes, renames, chmods the hidden tests: their mount and owner",
+    "symlink_into_hidden": "a link into the hidden tests: the mount tree resolves it",
+    "reach_the_grade_dir": "the artifacts and HANGAR_HOME must not be in the mount tree",
+    "shadowing_so": "a native extension loads from the repo: the workdir's mount options",
+    # network
+    "network_egress": "a host listener: each backend's network namespace must not reach it",
+    # processes and resource limits
+    "fork_bomb": "the process-count limit (prlimit --nproc; Docker's pids limit)",
+    "infinite_loop": "the wall-clock kill and a detached double-forked child reaped with it",
+    "junit_rewrite_detached": "a setsid child outliving the command: the pid namespace ends it",
+    "memory_reserve": "the memory limit (RLIMIT_AS; Docker's memory limit)",
+    "huge_write": "the file-size limit (prlimit --fsize; in the Docker wrapper)",
+    # the grader's pipes and the command's end: how each backend carries pass_fds and exit codes
+    "junit_rewrite_at_exit": "opens the JUnit pipe by its path",
+    "junit_oversized": "writes past the cap on the JUnit descriptor",
+    "junit_entities": "writes raw bytes on the JUnit descriptor",
+    "forge_both_streams": "writes both pipes, then dup2s /dev/null over every descriptor on them",
+    "os_exit_at_import": "exits before any report: the pipes' end with nothing on them",
+    "os_exit_in_atexit": "exit status 0 carried out of the sandbox after a failing run",
+    "pytest_exit_zero": "pytest.exit(0) at import: the exit status and the empty report",
+    "exit_mid_run": "exits mid-run: the reporter's stream cut short as the backend carries it",
+}
+DEFAULT_BACKEND_ONLY: tuple[str, ...] = (
+    # pytest's configuration and hooks, as the repo ships them: the static pass and the reporter
+    "conftest_forces_pass",
+    "forged_passed_output",
+    "ini_addopts_deselect",
+    "pyproject_testpaths",
+    "package_init_patches_junit",
+    "plugin_registered_at_import",
+    # start-up loaders: `python -I -B --check-hash-based-pycs always` decides, with the signal
+    "sitecustomize",
+    "usercustomize",
+    "pth_file",
+    "entry_point_plugin",
+    "shadowing_pyc",
+    # outcomes rewritten in the reporter's own process: its run-time checks
+    "skip_when_wrong",
+    "xfail_when_wrong",
+    "always_equal",
+    "caller_frame",
+    "dynamic_xfail",
+    "replace_test_function",
+    "swap_code",
+    "forge_send",
+    "forge_closure_cells",
+    # flagged by the static pass on the patch's text, before anything runs
+    "forge_both_streams_flagged",
+    "forge_closure_cells_flagged",
+    *(c.name for c in STATIC_CASES),
+    # the comparison probes and the per-test identity checks, in the reporter's process
+    *(c.name for c in COMPARISON_CASES),
+    *(c.name for c in RUN_TIME_CASES),
+)
+
+
+def backends_of(case: Case) -> tuple[str, ...]:
+    """The backends ``case`` is graded on (EVERY_BACKEND says why)."""
+    return BACKEND_NAMES if case.name in EVERY_BACKEND else (DEFAULT_BACKEND,)

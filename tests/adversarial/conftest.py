@@ -16,17 +16,32 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "grading"))
 
 from adv_fixture import Fixture, build_fixture  # noqa: E402
+from cases import BACKEND_NAMES  # noqa: E402
 
 from hangar_dagster.grading.grader import check_base  # noqa: E402
 from hangar_dagster.results.records import BaseCheckRecord  # noqa: E402
 from hangar_dagster.settings import HangarPaths  # noqa: E402
 
-# The suite runs on every backend, with the same expected results (needs_sandbox skips or, in
-# CI, fails a backend that is missing).
-BACKENDS = [
-    pytest.param(name, marks=pytest.mark.needs_sandbox(name))
-    for name in ("bwrap", "unshare", "docker")
-]
+# The controls run on every backend, with the same expected results (needs_sandbox skips or, in
+# CI, fails a backend that is missing); the malicious patches as cases.EVERY_BACKEND says.
+BACKENDS = [pytest.param(name, marks=pytest.mark.needs_sandbox(name)) for name in BACKEND_NAMES]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """This directory's tests grouped by backend, in place, so that fixture_repo and base_checks
+    are built once per backend: test_malicious_patch's own (backend, case) parameters would
+    otherwise interleave the backends, rebuilding both at every switch."""
+    here = Path(__file__).parent
+    slots = [n for n, item in enumerate(items) if item.path.is_relative_to(here)]
+
+    def backend(item: pytest.Item) -> int:
+        params = getattr(item, "callspec", None)
+        name = params.params.get("fixture_repo") if params is not None else None
+        return BACKEND_NAMES.index(name) if name in BACKEND_NAMES else -1
+
+    for n, item in zip(slots, sorted((items[n] for n in slots), key=backend), strict=True):
+        items[n] = item
 
 
 @pytest.fixture(scope="session")

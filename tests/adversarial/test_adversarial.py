@@ -14,7 +14,7 @@ from pathlib import Path
 import factories
 import pytest
 from adv_fixture import Fixture, case_files, fix_server
-from cases import CASES, Case
+from cases import BACKEND_NAMES, CASES, DEFAULT_BACKEND_ONLY, EVERY_BACKEND, Case, backends_of
 
 from hangar_dagster.grading.grader import grade_trial
 from hangar_dagster.results.records import BaseCheckRecord, GradeRecord
@@ -95,14 +95,32 @@ def still_running(marker: str) -> list[str]:
     return found
 
 
+def test_every_case_has_its_backends() -> None:
+    """Each case is in exactly one of cases.EVERY_BACKEND and DEFAULT_BACKEND_ONLY."""
+    names = [c.name for c in CASES]
+    assert len(set(names)) == len(names)
+    every, default = set(EVERY_BACKEND), set(DEFAULT_BACKEND_ONLY)
+    assert len(default) == len(DEFAULT_BACKEND_ONLY), "a case is twice in DEFAULT_BACKEND_ONLY"
+    assert every & default == set(), "in both lists"
+    assert set(names) - every - default == set(), "in neither list: say where it runs"
+    assert (every | default) - set(names) == set(), "listed, but no such case"
+
+
+# One parameter per (backend, case); conftest groups them by backend.
 PARAMS = [
-    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                         reason=c.known_gap)] if c.known_gap else [])
+    pytest.param(
+        backend, c, id=f"{backend}-{c.name}",
+        marks=[pytest.mark.needs_sandbox(backend),
+               *([pytest.mark.xfail(strict=True, raises=AssertionError, reason=c.known_gap)]
+                 if c.known_gap else [])],
+    )
+    for backend in BACKEND_NAMES
     for c in CASES
+    if backend in backends_of(c)
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", PARAMS)
+@pytest.mark.parametrize(("fixture_repo", "case"), PARAMS, indirect=["fixture_repo"])
 def test_malicious_patch(
     case: Case, fixture_repo: Fixture, session_paths: HangarPaths,
     base_checks: dict[str, BaseCheckRecord], tmp_path: Path, listener: int,

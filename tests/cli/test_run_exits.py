@@ -82,8 +82,12 @@ def test_a_signal_stops_starts_cuts_off_the_running_trial_and_says_how_to_resume
     example_dir: Path, tmp_path: Path, signo: signal.Signals
 ) -> None:
     home = tmp_path / "home"
-    # One trial at a time: the first sleeps, the second waits in the queue.
-    spec = command_agent_spec(example_dir, tmp_path, f"stopped-{signo.name.lower()}", "sleep 20")
+    # One trial at a time: the first sleeps, the second waits in the queue. Only trial 1's
+    # first attempt sleeps (the trials start in key order): the resume's runs need not wait.
+    spec = command_agent_spec(
+        example_dir, tmp_path, f"stopped-{signo.name.lower()}", "sh $HANGAR_HARNESS_DIR/agent.sh",
+        {"agent.sh": 'case "$HANGAR_SEED" in */1:1) sleep 20;; esac\n'},
+    )  # fmt: skip
     spec.update(trials=2, parallel=1)
     proc = run_wait(write_spec(example_dir, spec), home)
     try:

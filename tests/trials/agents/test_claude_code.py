@@ -463,6 +463,10 @@ def test_real_claude_code_with_a_refused_key_is_auth_not_drift(
     # and never counted by the breaker.
     lock = make_lock(tmp_path, "claude-auth")
     spec = median_spec(example_dir, tmp_path, "claude-auth", {"auth": lock}, 4096)
+    # The CLI retries a refused key with backoff (0.6, 1, 2, 4, 8, 20, 35 s apart) until its
+    # time limit: 40 s holds several refusals even on a loaded machine (the first came 3 s in),
+    # where median_spec's 120 s spent two minutes on the same outcome.
+    spec["environment"]["resources"]["timeout_s"] = 40
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
     script = Script([Reply(text="Nothing to change.")])

@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.grading.grader import grade_trial
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext, get_agent
 from hangar_dagster.trials.agents.install import venv_mounts
@@ -31,9 +34,10 @@ from hangar_dagster.trials.agents.mini_swe import (
     parse_trajectory,
     task_text,
 )
+from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
-from tests.conftest import hangar, write_spec
+from tests.conftest import write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
 
@@ -251,37 +255,46 @@ def median_conversation() -> list[Reply]:
 
 
 @needs_bwrap
-def test_experiment_runs_real_mini_and_grades_its_edit(
-    mini_bin: Path, example_dir: Path, tmp_path: Path
+def test_a_real_mini_trial_is_graded_on_its_edit(
+    mini_bin: Path,
+    example_dir: Path,
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The trial and grade functions the Dagster stages call, without the stages: the path
+    # through `hangar experiment run` and the run worker is the same for every adapter and
+    # is run end to end with a real CLI by test_claude_code.py and, for the OpenAI dialect,
+    # test_codex.py (each about 50 s of run launches more).
     lock = make_lock(tmp_path)
     spec = median_spec(example_dir, tmp_path, "mini-e2e", {"mini": lock}, 4096)
-    home = tmp_path / "home"
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    (key,) = exp.trial_keys()
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     script = Script(median_conversation(), usage_per_reply=(500, 40))
     with ScriptedEndpoint(script, MODEL) as endpoint:
-        env = {
-            "HANGAR_AGENT_BIN_DIR": str(mini_bin.parent),
-            "HANGAR_OPENAI_BASE_URL": endpoint.base_url,
-            "OPENAI_API_KEY": SECRET,
-        }
-        ran = hangar(
-            "experiment", "run", str(write_spec(example_dir, spec)), "--wait", home=home, env=env
-        )
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        settings = Settings.from_env()
+        record, patch = run_trial(TrialRequest(exp, key, 1, None, "run-mini"), settings)
     assert script.consumed == 3
-    got = hangar("experiment", "get", "mini-e2e", "--json", home=home)
-    assert got.returncode == 0, got.stderr
-    (row,) = json.loads(got.stdout)["trials"]
-    assert (row["outcome_class"], row["passed"], row["drift"]) == ("completed", True, None)
-    (art,) = (home / "artifacts").glob("*/mini__median__*/attempt-1")
-    patch = (art / "patch.diff").read_text()
+    grade = grade_trial(exp, record, patch, None, "run-mini", settings.paths, settings)
+    assert (record.outcome_class, grade.passed, record.drift) == ("completed", True, None), (
+        record.error,
+        grade.reason,
+    )
+    art = Path(record.artifacts_dir)
+    assert art.parts[-2:] == ("mini__median__1", "attempt-1")
     assert "+        return (ordered[mid - 1] + ordered[mid]) / 2" in patch
+    assert (art / "patch.diff").read_text() == patch
+    assert "5 passed" in (art / "grade.log").read_text()
     trace = json.loads((art / "trace.json").read_text())
     assert [e["tool"] for e in trace["events"] if e["type"] == "tool_call"] == ["bash"] * 3
     assert (trace["turns"], trace["tokens_in"], trace["tokens_out"]) == (3, 1500, 120)
     assert trace["cost_usd"] > 0
     assert trace["fingerprint"]["cli_version"] == VERSION
     assert trace["fingerprint"]["model"] == MODEL
-    for f in (home / "artifacts").rglob("*"):
-        if f.is_file():
-            assert SECRET not in f.read_text(errors="replace"), f
+    files = [f for f in (hangar_home / "artifacts").rglob("*") if f.is_file()]
+    assert art / "egress.jsonl" in files and art / "agent.log" in files
+    for f in files:
+        assert SECRET not in f.read_text(errors="replace"), f
