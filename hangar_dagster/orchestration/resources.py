@@ -43,6 +43,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     openai_api_key: str | None = None
     agent_bin_dir: str | None = None
     package_mirror_url: str | None = None
+    runner_dir: str | None = None  # where the runner environment is cached (docs/grading.md)
     store_mode: str = "embedded"  # the results store backend (docs/data.md)
     store_catalog: str | None = None  # an EnvVar (it may hold a password)
     store_data: str = ""
@@ -66,6 +67,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             openai_api_key=dg.EnvVar(OPENAI_KEY_VAR) if settings.openai_api_key else None,
             agent_bin_dir=settings.agent_bin_dir,
             package_mirror_url=settings.package_mirror_url,
+            runner_dir=settings.runner_dir,
             store_mode=settings.store.mode,
             store_catalog=dg.EnvVar(STORE_CATALOG_VAR) if settings.store.catalog else None,
             store_data=settings.store.data,
@@ -91,6 +93,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             openai_api_key=self.openai_api_key,
             agent_bin_dir=self.agent_bin_dir,
             package_mirror_url=self.package_mirror_url,
+            runner_dir=self.runner_dir,
             store_mode=self.store_mode,
             store_catalog=self.store_catalog or "",
             store_data=self.store_data,
