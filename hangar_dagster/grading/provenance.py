@@ -14,6 +14,7 @@ patched one: a patch that deletes the package must not make it "not the repo's".
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -85,6 +86,7 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+@functools.cache
 def _stdlib_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     return tuple(os.path.normpath(paths[k]) for k in ("stdlib", "platstdlib"))
