@@ -60,6 +60,10 @@ PROC_READ_ONLY = tuple(
 # hangar_dagster/, bound at its host path so the editable install resolves inside.
 PACKAGE_DIR = Path(__file__).resolve().parents[2]
 
+# Bound read-only over /etc/profile in every backend: a login shell keeps the sandbox's environment.
+LOGIN_PROFILE = Path(__file__).with_name("login_profile.sh")
+PROFILE_TARGET = "/etc/profile"
+
 
 def require_binary(name: str, package: str) -> str:
     """The absolute path of ``name`` on the host PATH, or SandboxUnavailable naming the package."""
@@ -88,6 +92,22 @@ def runtime_dirs() -> list[str]:
         if d not in dirs:
             dirs.append(d)
     return dirs
+
+
+def sandbox_mounts(request: SandboxRequest, *, etc_from_host: bool = True) -> list[Mount]:
+    """The request's mounts, then hangar's ``/etc/profile`` over the system's.
+
+    Every backend mounts these (the one place the login-shell fix lives): a login shell an
+    agent CLI starts (Codex runs each command as ``bash -lc``) would otherwise read the
+    system's ``/etc/profile``, which resets ``PATH`` and drops the trial's venv.
+    ``etc_from_host``: ``/etc`` is the host's, bound read-only, where a bind needs the file to
+    exist (a host without ``/etc/profile`` has nothing that resets ``PATH``); a container
+    engine makes the mount point itself.
+    """
+    mounts = list(request.mounts)
+    if not etc_from_host or Path(PROFILE_TARGET).is_file():
+        mounts.append(Mount(LOGIN_PROFILE, PROFILE_TARGET))
+    return mounts
 
 
 def check_request(request: SandboxRequest, needs_root: bool = True) -> None:

@@ -36,6 +36,7 @@ from hangar_dagster.trials.sandbox._common import (
     require_binary,
     run_launcher,
     runtime_dirs,
+    sandbox_mounts,
     system_entries,
     tool_version,
 )
@@ -108,7 +109,7 @@ def _mount_args(request: SandboxRequest) -> list[str]:
     # The workdir before the mounts, so a mount may sit inside it.
     wd = str(request.workdir)
     bind("--bind", wd, wd)
-    for m in request.mounts:
+    for m in sandbox_mounts(request):
         bind("--bind" if m.writable else "--ro-bind", str(m.source), m.target)
     return [*args, "--chdir", wd]
 

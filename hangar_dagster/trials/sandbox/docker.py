@@ -55,7 +55,7 @@ from hangar_dagster.trials.sandbox import (
     SandboxResult,
     SandboxUnavailable,
 )
-from hangar_dagster.trials.sandbox._common import check_request, runtime_dirs
+from hangar_dagster.trials.sandbox._common import check_request, runtime_dirs, sandbox_mounts
 
 MANAGED_LABEL = "hangar.managed"
 OWNER_LABEL = "hangar.owner"
@@ -345,7 +345,7 @@ class DockerSandbox(Sandbox):
             mounts.append(Mount(d, d, type="bind", read_only=True))
         wd = str(request.workdir)
         mounts.append(Mount(wd, wd, type="bind", read_only=False))
-        for m in request.mounts:
+        for m in sandbox_mounts(request, etc_from_host=False):
             mounts.append(Mount(m.target, str(m.source), type="bind", read_only=not m.writable))
         memory = (request.memory_mb + _MEMORY_HEADROOM_MB) * 1024 * 1024
         host_config = api.create_host_config(

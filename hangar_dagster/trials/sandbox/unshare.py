@@ -41,6 +41,7 @@ from hangar_dagster.trials.sandbox._common import (
     require_binary,
     run_launcher,
     runtime_dirs,
+    sandbox_mounts,
     system_entries,
     tool_version,
 )
@@ -241,7 +242,7 @@ def _launch(unshare: str, request: SandboxRequest) -> SandboxResult:
         "runtime": runtime_dirs(),
         "proc_read_only": list(PROC_READ_ONLY),
         "workdir": str(request.workdir),
-        "mounts": [[str(m.source), m.target, m.writable] for m in request.mounts],
+        "mounts": [[str(m.source), m.target, m.writable] for m in sandbox_mounts(request)],
         "argv": request.argv,
         "env": {**request.env, "PWD": str(request.workdir)},
         "run_as": None if request.run_as is None else [request.run_as.uid, request.run_as.gid],

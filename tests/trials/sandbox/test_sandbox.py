@@ -134,6 +134,22 @@ def test_environment_is_exactly_the_request(
     assert dict(line.split("=", 1) for line in res.stdout.splitlines()) == {**env, "PWD": str(wd)}
 
 
+@pytest.mark.parametrize("shell", ["bash -lc", "sh -lc", "bash -c"])
+def test_a_login_shell_keeps_the_venv_on_path_codex_lost(
+    sandbox: Sandbox, wd: Path, shell: str
+) -> None:
+    # Codex runs every command as `bash -lc`: the system's /etc/profile reset PATH, dropping
+    # the venv hangar put first, and `python` was "command not found" (exit 127).
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": "/tmp", "KEEP_ME": "yes"}
+    script = 'echo "$PATH"; echo "$KEEP_ME"; command -v python'
+    res = sandbox.run(
+        SandboxRequest(argv=[*shell.split(), script], workdir=wd, env=env, timeout_s=20)
+    )
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines() == [env["PATH"], "yes", f"{venv_bin}/python"]
+
+
 def _listener() -> socket.socket:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
