@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,12 @@ from hangar_dagster.trials.sandbox import get_sandbox
 
 INSTRUCTIONS = "Harness rule: keep every diff minimal.\n"
 SKILL = "---\nname: careful\ndescription: Read before editing.\n---\nRead the file first.\n"
+
+
+# The task's own verify command (cli_context's), as the scripted model asks the agent to run it:
+# its exit status and the `python` it found are printed where the trace keeps the tool's output.
+VERIFY = "python -c 'import calc'"
+VERIFY_PROBE = f'{VERIFY}; echo "verify exit $?"; command -v python'
 
 
 def freeze_cli_lock(
@@ -56,7 +63,7 @@ def cli_context(
         "harness": lock,
         "model": model,
         "instructions": "Make add() add.",
-        "verify": "python -c 'import calc'",
+        "verify": VERIFY,
         "timeout_s": 120,
         "memory_mb": memory_mb,
         "sandbox": get_sandbox("bwrap"),
@@ -86,3 +93,13 @@ def median_spec(
     )
     spec["environment"]["resources"] = {"timeout_s": 120, "memory_mb": memory_mb}
     return spec
+
+
+def assert_verify_ran_as_in_verify(events: list[dict[str, Any]]) -> None:
+    """The agent's run of ``VERIFY_PROBE`` exited 0 with the venv's ``python`` (the one the
+    trial's verify step finds first on its PATH), not "command not found" (exit 127)."""
+    results = [str(e.get("content")) for e in events if e["type"] == "tool_result"]
+    probe = [r for r in results if "verify exit" in r]
+    assert probe, f"no tool result of the verify probe in {results}"
+    assert "verify exit 0" in probe[0], probe[0]
+    assert str(Path(sys.prefix) / "bin" / "python") in probe[0], probe[0]

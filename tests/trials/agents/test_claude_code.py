@@ -35,7 +35,14 @@ from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+from tests.trials.agents.cli_locks import (
+    INSTRUCTIONS,
+    VERIFY_PROBE,
+    assert_verify_ran_as_in_verify,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
 
@@ -485,3 +492,21 @@ def test_real_claude_code_with_a_refused_key_is_auth_not_drift(
         store.trials(record.experiment_id, all_attempts=True), 1, Settings.from_env().infra_retries
     )
     assert plan.retries == [] and plan.notes == [f"auth is never retried: {record.trial_key}"]
+
+
+def test_real_claude_code_runs_the_tasks_verify_as_the_verify_step_does(
+    claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Claude Code runs its Bash tool through a shell snapshot taken with a login shell.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    clone, _ = make_clone(tmp_path)
+    script = Script(
+        [Reply(tool_calls=(ToolCall("Bash", {"command": VERIFY_PROBE}),)), Reply(text="Checked.")]
+    )
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)
+        run = get_agent("claude-code").run(cli_context(tmp_path, make_lock(tmp_path), clone, MODEL))
+    assert run.error is None, run.output_tail
+    assert_verify_ran_as_in_verify(run.events)

@@ -31,7 +31,14 @@ from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+from tests.trials.agents.cli_locks import (
+    INSTRUCTIONS,
+    VERIFY_PROBE,
+    assert_verify_ran_as_in_verify,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+)
 
 SAMPLES = Path(__file__).parent / "samples"
 PACKAGE = "@openai/codex"
@@ -278,3 +285,21 @@ def test_experiment_runs_real_codex_and_grades_its_edit(
     for f in (home / "artifacts").rglob("*"):
         if f.is_file():
             assert SECRET not in f.read_text(errors="replace"), f
+
+
+@needs_bwrap
+def test_real_codex_runs_the_tasks_verify_in_its_login_shell(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Codex runs commands as `bash -lc`: the system's /etc/profile dropped the venv from PATH,
+    # so the task's own verify answered "python: command not found" (exit 127) inside it.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    clone, _ = make_clone(tmp_path)
+    script = Script([Reply(tool_calls=(shell(VERIFY_PROBE),)), Reply(text="Checked.")])
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        run = get_agent("codex").run(context(tmp_path, make_lock(tmp_path), clone))
+    assert run.error is None, run.output_tail
+    assert_verify_ran_as_in_verify(run.events)

@@ -39,7 +39,14 @@ from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
 from tests.conftest import write_spec
 from tests.gitfixtures import make_clone
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+from tests.trials.agents.cli_locks import (
+    INSTRUCTIONS,
+    VERIFY_PROBE,
+    assert_verify_ran_as_in_verify,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+)
 
 SAMPLES = Path(__file__).parent / "samples"
 PACKAGE = "mini-swe-agent"
@@ -298,3 +305,19 @@ def test_a_real_mini_trial_is_graded_on_its_edit(
     assert art / "egress.jsonl" in files and art / "agent.log" in files
     for f in files:
         assert SECRET not in f.read_text(errors="replace"), f
+
+
+@needs_bwrap
+def test_real_mini_runs_the_tasks_verify_as_the_verify_step_does(
+    mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    clone, _ = make_clone(tmp_path)
+    script = Script([bash(VERIFY_PROBE, "THOUGHT: check."), bash(SUBMIT, "THOUGHT: done.")])
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        run = get_agent("mini-swe-agent").run(context(tmp_path, make_lock(tmp_path), clone))
+    assert run.error is None, run.output_tail
+    assert_verify_ran_as_in_verify(run.events)
