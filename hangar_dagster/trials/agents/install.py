@@ -76,15 +76,33 @@ def install_mounts(binary: Path) -> list[Mount]:
     return [Mount(root, str(root)) for root in unique]
 
 
-def venv_mounts(binary: Path, install_hint: str) -> list[Mount]:
-    """The virtualenv ``binary`` belongs to, and its base interpreter if the sandbox hides it."""
-    venv = binary.parent.parent
+def venv_cli(binary: Path, install_hint: str) -> Path:
+    """The script ``binary`` is, inside its virtualenv: symlinks followed one hop at a time.
+
+    pipx (``~/.local/bin/mini`` -> ``~/.local/pipx/venvs/<pkg>/bin/mini``) and bin folders of
+    links put the script elsewhere than its venv; the first hop whose directory is a venv's
+    ``bin/`` wins (not the fully resolved path: a venv's ``bin/python`` is itself a link out).
+    """
+    path, seen = binary, set()
+    while path not in seen:
+        seen.add(path)
+        if (path.parent.parent / "pyvenv.cfg").is_file():
+            return path
+        if not path.is_symlink():
+            break
+        path = Path(os.path.normpath(path.parent / os.readlink(path)))
+    raise HarnessError(
+        f"{binary}: the CLI must be installed in a virtualenv (no pyvenv.cfg next to its "
+        f"bin/ directory, links followed); {install_hint} into one (pip in a venv, pipx) and "
+        f"put its bin/ or a link to its script on PATH or in {BIN_DIR_VAR}"
+    )
+
+
+def venv_mounts(script: Path) -> list[Mount]:
+    """The virtualenv of ``script`` (from ``venv_cli``), and its base interpreter if the sandbox
+    hides it."""
+    venv = script.parent.parent
     cfg = venv / "pyvenv.cfg"
-    if not cfg.is_file():
-        raise HarnessError(
-            f"{binary}: the CLI must be installed in a virtualenv (no {cfg}); "
-            f"{install_hint} into one and put its bin/ on PATH or in {BIN_DIR_VAR}"
-        )
     mounts = [Mount(venv, str(venv))]
     home = next(
         (

@@ -50,6 +50,7 @@ from hangar_dagster.trials.agents.install import (
     lock_instructions,
     prompt,
     scratch_dir,
+    venv_cli,
     venv_mounts,
 )
 from hangar_dagster.trials.agents.run_common import (
@@ -397,8 +398,9 @@ class MiniSweAgent(Agent):
 
     def run(self, ctx: AgentContext) -> AgentRun:
         config = base_config(ctx)  # the lock's settings are checked before anything runs
-        binary = find_cli(BINARY, INSTALL_HINT, ctx.settings.agent_bin_dir)
-        mounts = venv_mounts(binary, INSTALL_HINT)
+        # Through any links (pipx's, a bin folder's): the venv's own script is what runs.
+        binary = venv_cli(find_cli(BINARY, INSTALL_HINT, ctx.settings.agent_bin_dir), INSTALL_HINT)
+        mounts = venv_mounts(binary)
         scratch = {name: scratch_dir(ctx.out_dir / name) for name in ("in", "out", "home")}
         with model_access("openai", ctx) as access:
             (scratch["in"] / HANGAR_CONFIG).write_text(hangar_config(ctx, access.base_url))

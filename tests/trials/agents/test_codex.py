@@ -293,8 +293,12 @@ def test_real_codex_runs_the_tasks_verify_in_its_login_shell(
 ) -> None:
     # Codex runs commands as `bash -lc`: the system's /etc/profile dropped the venv from PATH,
     # so the task's own verify answered "python: command not found" (exit 127) inside it.
+    # Found through a bin folder of links to npm's own link (node_modules/.bin/codex).
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "codex").symlink_to(codex_bin)
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(links))
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     clone, _ = make_clone(tmp_path)
     script = Script([Reply(tool_calls=(shell(VERIFY_PROBE),)), Reply(text="Checked.")])

@@ -26,7 +26,7 @@ from hangar_dagster.grading.grader import grade_trial
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext, get_agent
-from hangar_dagster.trials.agents.install import venv_mounts
+from hangar_dagster.trials.agents.install import venv_cli
 from hangar_dagster.trials.agents.mini_swe import (
     INSTALL_HINT,
     MiniSweAgent,
@@ -178,7 +178,25 @@ def test_a_mini_outside_a_virtualenv_is_refused(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "mini").write_text("#!/bin/sh\n")
     with pytest.raises(HarnessError, match="virtualenv.*pip install mini-swe-agent=="):
-        venv_mounts(tmp_path / "bin" / "mini", INSTALL_HINT)
+        venv_cli(tmp_path / "bin" / "mini", INSTALL_HINT)
+
+
+def test_a_pipx_link_and_a_bin_folder_of_links_resolve_to_the_venvs_script(
+    mini_bin: Path, tmp_path: Path
+) -> None:
+    # pipx links ~/.local/bin/mini to its venv's script: it was refused "no pyvenv.cfg".
+    pipx_bin = tmp_path / "local-bin"
+    pipx_bin.mkdir()
+    (pipx_bin / "mini").symlink_to(mini_bin)
+    folder = tmp_path / "links"
+    folder.mkdir()
+    (folder / "mini").symlink_to(pipx_bin / "mini")  # a link to a link
+    for found in (pipx_bin / "mini", folder / "mini"):
+        assert venv_cli(found, INSTALL_HINT) == mini_bin
+    (tmp_path / "stray").write_text("#!/bin/sh\n")
+    (folder / "stray").symlink_to(tmp_path / "stray")
+    with pytest.raises(HarnessError, match="links followed"):
+        venv_cli(folder / "stray", INSTALL_HINT)
 
 
 def fix_calc_script() -> Script:
@@ -308,11 +326,15 @@ def test_a_real_mini_trial_is_graded_on_its_edit(
 
 
 @needs_bwrap
-def test_real_mini_runs_the_tasks_verify_as_the_verify_step_does(
+def test_real_mini_through_a_pipx_link_runs_the_tasks_verify_as_the_verify_step_does(
     mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Installed as pipx does it: HANGAR_AGENT_BIN_DIR holds only a link to the venv's script.
+    links = tmp_path / "local-bin"
+    links.mkdir()
+    (links / "mini").symlink_to(mini_bin)
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(links))
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     clone, _ = make_clone(tmp_path)
     script = Script([bash(VERIFY_PROBE, "THOUGHT: check."), bash(SUBMIT, "THOUGHT: done.")])
