@@ -51,6 +51,8 @@ from hangar_dagster.queue.budget import projection_note, submit_problems
 from hangar_dagster.results.records import ExperimentRecord, NoteRecord, utcnow
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
+from hangar_dagster.trials.agents import UnknownAgent, get_agent
+from hangar_dagster.trials.agents.install import CliUnavailable
 from hangar_dagster.trials.canary import new_canary
 from hangar_dagster.trials.redact import redact
 from hangar_dagster.trials.sandbox import SandboxUnavailable
@@ -384,6 +386,27 @@ def masked_spec_json(exp: ResolvedExperiment) -> str:
     return str(redact(exp.spec.model_dump_json(exclude_none=True), exp.canary))
 
 
+def cli_problems(exp: ResolvedExperiment, settings: Settings) -> list[Problem]:
+    """Each variant whose adapter's CLI cannot be found or used on this orchestrator.
+
+    A configuration error: refused here, once, rather than failing (and being retried) in
+    every trial. Checked at submit, not at validate (a spec can be checked anywhere).
+    """
+    problems = []
+    for name, variant in exp.variants.items():
+        try:
+            get_agent(variant.adapter).find_install(settings)
+        except (CliUnavailable, UnknownAgent) as err:
+            problems.append(
+                Problem(
+                    path=f"variants.{name}",
+                    message=f"adapter {variant.adapter}: {err}",
+                    fix="install the CLI on the orchestrator, then submit again",
+                )
+            )
+    return problems
+
+
 def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
     paths = settings.paths
@@ -404,7 +427,7 @@ def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
             overlays=OverlayTarget(build=built, final=final / OVERLAYS),
         )
         n_trials = len(exp.trial_keys())
-        if problems := submit_problems(
+        if problems := cli_problems(exp, settings) + submit_problems(
             store, exp.spec, exp.author, n_trials, exp.submitted_at, settings
         ):
             raise SpecError(str(spec_path), problems)

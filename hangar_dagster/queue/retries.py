@@ -26,6 +26,7 @@ INFRA_REASONS: dict[str, str] = {
     "sandbox_create": "the sandbox could not be created or started",
     "clone": "the task's repository could not be cloned at its base",
     "harness": "the harness lock could not be loaded, or its agent CLI could not run",
+    "agent_cli": "the variant's agent CLI cannot be found or used here (a configuration error)",
     "egress_unsupported": "the sandbox cannot give the egress policy the environment asks for",
     "build": "an environment build step failed",
     "patch": "the patch could not be taken from the trial's repository",
@@ -41,7 +42,8 @@ INFRA_REASONS: dict[str, str] = {
 }
 # A drifted trial did not run what was pinned; running it again would not either. A refused
 # key fails every attempt alike until the operator fixes it (the breaker still counts it).
-NEVER_RETRIED = frozenset({"drift", "auth"})
+# A CLI that is not installed (or not usable) stays so until the operator installs it.
+NEVER_RETRIED = frozenset({"drift", "auth", "agent_cli"})
 # A drain, a restart or an interrupt cuts off every trial in flight at once, whatever their
 # health: their retries leave the experiment's 10% cap alone (else one restart with `parallel`
 # trials in flight would use it up). The per-key limit still bounds them.
@@ -50,7 +52,9 @@ CAP_EXEMPT = frozenset({"power_down", "control_plane_restart", "interrupted"})
 # a pin mismatch, one restart that cuts off every trial in flight at once. They neither
 # extend nor reset the breaker's streak; every other infra_error (unknown ones included)
 # extends it.
-BREAKER_NEUTRAL = frozenset({"drift", "power_down", "control_plane_restart", "interrupted"})
+BREAKER_NEUTRAL = frozenset(
+    {"drift", "agent_cli", "power_down", "control_plane_restart", "interrupted"}
+)
 
 # Said with the cap's note: the seed's rule that past the cap nothing more starts, and why.
 CAP_SENTENCE = (

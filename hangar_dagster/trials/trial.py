@@ -72,6 +72,7 @@ from hangar_dagster.trials.agents import (
     UnknownAgent,
     get_agent,
 )
+from hangar_dagster.trials.agents.install import CliUnavailable
 from hangar_dagster.trials.model_proxy import EGRESS_NAME, provider_failure
 from hangar_dagster.trials.redact import redact, secret_values
 from hangar_dagster.trials.sandbox import (
@@ -316,6 +317,8 @@ def _run_agent(
         state.run = state.agent.run(ctx)
     except SandboxUnavailable as err:
         raise InfraError("sandbox_create", str(err)) from err
+    except CliUnavailable as err:
+        raise InfraError("agent_cli", str(err)) from err  # configuration: never retried
     except HarnessError as err:
         raise InfraError("harness", str(err)) from err
 

@@ -72,6 +72,15 @@ class Agent(ABC):
     @abstractmethod
     def run(self, ctx: AgentContext) -> AgentRun: ...
 
+    def find_install(self, settings: Settings) -> Path | None:
+        """The adapter's CLI as it will be run; ``install.CliUnavailable`` when it cannot be
+        found or used here. None: the adapter has no CLI of its own to install.
+
+        Submit calls it for every variant, so a missing CLI is a configuration error at submit
+        rather than a failure of every trial.
+        """
+        return None
+
 
 _ADAPTERS = {
     "standin": "hangar_dagster.standins.agent:StandinAgent",

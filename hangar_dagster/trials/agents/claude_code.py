@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar_dagster.experiment.harness import HarnessError
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import sandbox_path
 from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
@@ -465,8 +466,11 @@ def to_run(
 class ClaudeCodeAgent(Agent):
     name = ADAPTER
 
+    def find_install(self, settings: Settings) -> Path:
+        return find_cli(CLI, INSTALL_HINT, settings.agent_bin_dir)
+
     def run(self, ctx: AgentContext) -> AgentRun:
-        binary = find_cli(CLI, INSTALL_HINT, ctx.settings.agent_bin_dir)
+        binary = self.find_install(ctx.settings)
         home = scratch_dir(ctx.out_dir / "home")
         # Where Claude Code reads a user's memory and skills: ~/.claude/CLAUDE.md and skills/;
         # plugins/ beside them loads only through argv_for's --plugin-dir.

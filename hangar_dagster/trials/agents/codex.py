@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from hangar_dagster.experiment.harness import HarnessError
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import parse_trace, sandbox_path
 from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
@@ -463,9 +464,12 @@ def to_run(
 class CodexAgent(Agent):
     name = ADAPTER
 
+    def find_install(self, settings: Settings) -> Path:
+        return find_cli(CLI, INSTALL_HINT, settings.agent_bin_dir)
+
     def run(self, ctx: AgentContext) -> AgentRun:
         check_approvals(ctx)
-        binary = find_cli(CLI, INSTALL_HINT, ctx.settings.agent_bin_dir)
+        binary = self.find_install(ctx.settings)
         home = scratch_dir(ctx.out_dir / "home")
         codex_home = home / CODEX_DIR
         # Where Codex reads a user's global instructions and skills: CODEX_HOME/AGENTS.md, skills/

@@ -26,6 +26,14 @@ from hangar_dagster.trials.sandbox import Mount
 from hangar_dagster.trials.sandbox._common import SYSTEM_DIRS
 
 
+class CliUnavailable(HarnessError):
+    """The variant's agent CLI cannot be found or used on this orchestrator.
+
+    A configuration error, not infrastructure: submit refuses the spec with it, and a trial
+    that meets it anyway ends ``infra_error / agent_cli``, never retried (docs/queue.md).
+    """
+
+
 def find_cli(binary: str, install_hint: str, bin_dir: str | None) -> Path:
     """``<bin_dir>/<binary>``, else ``binary`` on PATH; the error says how to install it.
 
@@ -38,9 +46,13 @@ def find_cli(binary: str, install_hint: str, bin_dir: str | None) -> Path:
         else shutil.which(binary)
     )
     if found is None:
-        raise HarnessError(
+        raise CliUnavailable(
             f"the {binary!r} CLI is not installed here: put it on PATH or set {BIN_DIR_VAR} to "
             f"its directory ({install_hint})"
+        )
+    if not os.access(found, os.X_OK):
+        raise CliUnavailable(
+            f"{found}: the {binary!r} CLI is not executable; reinstall it ({install_hint})"
         )
     return Path(os.path.abspath(found))
 
@@ -91,7 +103,7 @@ def venv_cli(binary: Path, install_hint: str) -> Path:
         if not path.is_symlink():
             break
         path = Path(os.path.normpath(path.parent / os.readlink(path)))
-    raise HarnessError(
+    raise CliUnavailable(
         f"{binary}: the CLI must be installed in a virtualenv (no pyvenv.cfg next to its "
         f"bin/ directory, links followed); {install_hint} into one (pip in a venv, pipx) and "
         f"put its bin/ or a link to its script on PATH or in {BIN_DIR_VAR}"

@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from hangar_dagster.experiment.harness import HarnessError, tree_digest
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import sandbox_path
 from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
@@ -396,10 +397,13 @@ def to_run(
 class MiniSweAgent(Agent):
     name = ADAPTER
 
+    def find_install(self, settings: Settings) -> Path:
+        # Through any links (pipx's, a bin folder's): the venv's own script is what runs.
+        return venv_cli(find_cli(BINARY, INSTALL_HINT, settings.agent_bin_dir), INSTALL_HINT)
+
     def run(self, ctx: AgentContext) -> AgentRun:
         config = base_config(ctx)  # the lock's settings are checked before anything runs
-        # Through any links (pipx's, a bin folder's): the venv's own script is what runs.
-        binary = venv_cli(find_cli(BINARY, INSTALL_HINT, ctx.settings.agent_bin_dir), INSTALL_HINT)
+        binary = self.find_install(ctx.settings)
         mounts = venv_mounts(binary)
         scratch = {name: scratch_dir(ctx.out_dir / name) for name in ("in", "out", "home")}
         with model_access("openai", ctx) as access:

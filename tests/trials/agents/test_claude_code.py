@@ -431,10 +431,11 @@ def test_real_claude_code_reporting_other_than_pinned_drifts(
     lock = make_lock(tmp_path, "claude-drift", version=lock_version)
     name = f"claude-drift-{lock_version.replace('.', '-')}"
     spec = median_spec(example_dir, tmp_path, name, {"drift": lock}, 4096)
+    # Before submit: it refuses a variant whose CLI it cannot find.
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
     script = Script([Reply(text="Nothing to change.", model=reported_model)])
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     with ScriptedEndpoint(script, MODEL) as endpoint:
         monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)
@@ -474,10 +475,11 @@ def test_real_claude_code_with_a_refused_key_is_auth_not_drift(
     # time limit: 40 s holds several refusals even on a loaded machine (the first came 3 s in),
     # where median_spec's 120 s spent two minutes on the same outcome.
     spec["environment"]["resources"]["timeout_s"] = 40
+    # Before submit: it refuses a variant whose CLI it cannot find.
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
     script = Script([Reply(text="Nothing to change.")])
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-expired-0000")
     with ScriptedEndpoint(script, MODEL, api_key=SECRET) as endpoint:
         monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", endpoint.base_url)

@@ -11,9 +11,20 @@ import pytest
 
 from hangar_dagster.experiment.drift import check_drift, harness_fingerprint
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, freeze, thaw, tree_digest
+from hangar_dagster.experiment.spec import SpecError
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.queue.retries import plan_retries
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.agents import get_agent, mini_swe
 from hangar_dagster.trials.agents.install import BIN_DIR_VAR, place_lock_files, prompt
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock
+from hangar_dagster.trials.trial import TrialRequest, run_trial
+from tests.conftest import write_spec
+from tests.trials.agents.cli_locks import (
+    INSTRUCTIONS,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +113,35 @@ def test_mini_swe_reports_the_plugins_it_can_see(tmp_path: Path) -> None:
     seen = mini_swe.fingerprint(ctx, mini_swe.Trajectory(), None)
     assert seen["plugins_digest"] == harness_fingerprint(lock, MODEL)["plugins_digest"]
     assert seen["plugins_digest"] == tree_digest(lock.plugins_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.needs_sandbox("bwrap")
+def test_a_missing_cli_is_refused_at_submit_and_a_trial_meeting_it_is_not_retried(
+    example_dir: Path, tmp_path: Path, hangar_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The setup error of a CLI that is not installed ended infra_error / harness and was
+    # retried as if it were infrastructure, in every trial of the experiment.
+    lock = lock_for(tmp_path, "codex", "codex")
+    spec = median_spec(example_dir, tmp_path, "no-cli", {"codex": lock}, 4096)
+    path = write_spec(example_dir, spec)
+    bin_dir = tmp_path / "agent-bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv(BIN_DIR_VAR, str(bin_dir))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with pytest.raises(SpecError) as refused:
+        submit(path, Settings.from_env())
+    (problem,) = refused.value.problems
+    assert problem.path == "variants.codex" and "npm install @openai/codex@" in problem.message
+    # Installed at submit, gone by the first trial: a configuration error, reported once.
+    stub = bin_dir / "codex"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    exp = submit(path, Settings.from_env())
+    stub.unlink()
+    (key,) = exp.trial_keys()
+    record, _ = run_trial(TrialRequest(exp, key, 1, None, "run-no-cli"), Settings.from_env())
+    assert (record.outcome_class, record.infra_reason) == ("infra_error", "agent_cli")
+    assert record.error is not None and "not installed here" in record.error
+    plan = plan_retries([record], 1, Settings.from_env().infra_retries)
+    assert plan.retries == [] and f"agent_cli is never retried: {key.key}" in plan.notes

@@ -293,9 +293,10 @@ def test_a_real_mini_trial_is_graded_on_its_edit(
     # test_codex.py (each about 50 s of run launches more).
     lock = make_lock(tmp_path)
     spec = median_spec(example_dir, tmp_path, "mini-e2e", {"mini": lock}, 4096)
+    # Before submit: it refuses a variant whose CLI it cannot find.
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     script = Script(median_conversation(), usage_per_reply=(500, 40))
     with ScriptedEndpoint(script, MODEL) as endpoint:
