@@ -38,9 +38,12 @@ its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -53,6 +56,7 @@ from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import parse_trace, sandbox_path
 from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
 from hangar_dagster.trials.agents.install import (
+    CliUnavailable,
     find_cli,
     install_mounts,
     place_lock_files,
@@ -305,14 +309,92 @@ def check_approvals(ctx: AgentContext) -> None:
         )
 
 
+CATALOG_NAME = "models.json"  # CODEX_HOME/models.json, when the lock names a model_family
+SETTINGS = ("model_family",)  # what the lock's ``codex:`` section may set
+
+
+def model_family(ctx: AgentContext) -> str | None:
+    """The lock's ``codex.model_family``: the bundled catalog entry a model Codex does not
+    know is given (its tools, shell, instructions); None when the lock sets none."""
+    raw = ctx.harness.config.get(ADAPTER) or {}
+    if not isinstance(raw, dict) or set(raw) - set(SETTINGS):
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: the codex section may set only "
+            f"{', '.join(SETTINGS)}, not {sorted(set(raw) - set(SETTINGS)) if isinstance(raw, dict) else raw!r}"
+        )
+    family = raw.get("model_family")
+    if family is not None and not (isinstance(family, str) and family):
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: codex.model_family must be a model slug of the "
+            f"CLI's bundled catalog (`codex debug models --bundled`), not {family!r}"
+        )
+    return family
+
+
+@functools.cache
+def bundled_catalog(binary: Path, mtime_ns: int) -> list[dict[str, Any]]:
+    """The model catalog shipped with this Codex binary (``codex debug models --bundled``)."""
+    del mtime_ns  # the cache key: a reinstalled CLI is read again
+    # In a throwaway CODEX_HOME: the host user's own Codex config and state stay out of it.
+    with tempfile.TemporaryDirectory(prefix="hangar-codex-catalog-") as scratch:
+        done = subprocess.run(
+            [str(binary), "debug", "models", "--bundled"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": scratch,
+                "CODEX_HOME": scratch,
+            },
+        )
+    try:
+        models = json.loads(done.stdout)["models"]
+    except (ValueError, KeyError, TypeError):
+        raise CliUnavailable(
+            f"{binary} debug models --bundled gave no model catalog (exit {done.returncode}): "
+            f"{done.stderr.strip()[-300:]}"
+        ) from None
+    return [m for m in models if isinstance(m, dict) and isinstance(m.get("slug"), str)]
+
+
+def knows(catalog: list[dict[str, Any]], model: str) -> bool:
+    """Whether Codex finds ``model`` in its catalog itself: a slug, or a slug's dated id."""
+    return any(model == m["slug"] or model.startswith(m["slug"] + "-") for m in catalog)
+
+
+def catalog_for(ctx: AgentContext, binary: Path) -> list[dict[str, Any]] | None:
+    """The catalog Codex is given (bundled + ``ctx.model`` as the lock's family), or None.
+
+    Codex matches a model to its metadata by slug (a dated id such as ``gpt-5.5-2026-01-01``
+    finds ``gpt-5.5``); an id it cannot match gets "fallback metadata", which offers no
+    ``apply_patch``. None: Codex knows the model, or the lock names no family for it.
+    """
+    family = model_family(ctx)
+    if family is None:
+        return None
+    catalog = bundled_catalog(binary, binary.resolve().stat().st_mtime_ns)
+    if knows(catalog, ctx.model):
+        return None
+    entry = next((m for m in catalog if m["slug"] == family), None)
+    if entry is None:
+        raise HarnessError(
+            f"harness lock {ctx.harness.ref}: codex.model_family {family!r} is not in the "
+            f"bundled catalog of {binary} (see `codex debug models --bundled`)"
+        )
+    return [*catalog, {**entry, "slug": ctx.model, "display_name": ctx.model}]
+
+
 def _toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def config_toml(model: str, base_url: str) -> str:
-    """CODEX_HOME/config.toml: the model and the one provider, through hangar's model proxy."""
+def config_toml(model: str, base_url: str, catalog: str | None = None) -> str:
+    """CODEX_HOME/config.toml: the model and the one provider, through hangar's model proxy;
+    ``catalog``: the in-sandbox path of a model catalog (``catalog_for``)."""
     return "\n".join(
         [
+            *([f"model_catalog_json = {_toml_string(catalog)}"] if catalog else []),
             f"model = {_toml_string(model)}",
             f"model_provider = {_toml_string(PROVIDER_ID)}",
             'approval_policy = "never"',
@@ -476,8 +558,14 @@ class CodexAgent(Agent):
         # (plugins/ beside them is placed, not loaded: see the module docstring).
         digests = place_lock_files(ctx, codex_home, "AGENTS.md")
         watcher = LiveUsage(ctx, cost_of=live_cost(ctx.model), running_total=True)
+        catalog = catalog_for(ctx, binary)
+        catalog_path = None
+        if catalog is not None:
+            (codex_home / CATALOG_NAME).write_text(json.dumps({"models": catalog}))
+            catalog_path = f"{HOME_MOUNT}/{CODEX_DIR}/{CATALOG_NAME}"
         with model_access("openai", ctx) as access:
-            (codex_home / "config.toml").write_text(config_toml(ctx.model, access.base_url))
+            config = config_toml(ctx.model, access.base_url, catalog_path)
+            (codex_home / "config.toml").write_text(config)
             # Codex's stdout has usage only at the end of the exec; the budget
             # follows the session file, which has token counts after each response.
             request = cli_request(

@@ -307,3 +307,51 @@ def test_real_codex_runs_the_tasks_verify_in_its_login_shell(
         run = get_agent("codex").run(context(tmp_path, make_lock(tmp_path), clone))
     assert run.error is None, run.output_tail
     assert_verify_ran_as_in_verify(run.events)
+
+
+@needs_bwrap
+def test_real_codex_is_offered_apply_patch_with_a_dated_id_through_the_locks_model_family(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gpt-5-2025-08-07 is in no slug of Codex 0.171's bundled catalog: Codex fell back to
+    # "fallback metadata" and offered no apply_patch. The lock's codex.model_family gives it
+    # the catalog entry of a family Codex ships (written to CODEX_HOME/models.json).
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
+    lock = freeze_cli_lock(
+        tmp_path,
+        "codex-family",
+        agent,
+        MODEL,
+        approvals="full-auto",
+        codex={"model_family": "gpt-5.5"},
+    )
+    clone, _ = make_clone(tmp_path)
+    with ScriptedEndpoint(Script([Reply(text="Nothing to do.")]), MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        run = get_agent("codex").run(context(tmp_path, lock, clone))
+    assert run.error is None, run.output_tail
+    (first, *_) = [r for r in endpoint.requests if r["body"].get("tools")]
+    offered = [t.get("name") or t.get("type") for t in first["body"]["tools"]]
+    assert "apply_patch" in offered and "exec_command" in offered
+    assert first["body"]["model"] == MODEL  # the dated id is still what is asked for
+    assert "fallback metadata" not in run.output_tail
+
+
+def test_a_model_family_codex_does_not_ship_is_refused(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
+    lock = freeze_cli_lock(
+        tmp_path,
+        "codex-nofamily",
+        agent,
+        MODEL,
+        approvals="full-auto",
+        codex={"model_family": "gpt-1"},
+    )
+    with pytest.raises(HarnessError, match="codex.model_family 'gpt-1' is not in the bundled"):
+        get_agent("codex").run(context(tmp_path, lock, tmp_path))
