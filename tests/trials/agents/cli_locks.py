@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hangar_dagster.environment.egress import NO_EGRESS
@@ -103,3 +104,12 @@ def assert_verify_ran_as_in_verify(events: list[dict[str, Any]]) -> None:
     assert probe, f"no tool result of the verify probe in {results}"
     assert "verify exit 0" in probe[0], probe[0]
     assert str(Path(sys.prefix) / "bin" / "python") in probe[0], probe[0]
+
+
+def real_cli_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, bin_dir: Path, key_var: str, key: str
+) -> None:
+    """A home of its own, the CLI found in ``bin_dir``, the provider key in ``key_var``."""
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(bin_dir))
+    monkeypatch.setenv(key_var, key)

@@ -42,6 +42,7 @@ from tests.trials.agents.cli_locks import (
     cli_context,
     freeze_cli_lock,
     median_spec,
+    real_cli_env,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
@@ -500,9 +501,7 @@ def test_real_claude_code_runs_the_tasks_verify_as_the_verify_step_does(
     claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Claude Code runs its Bash tool through a shell snapshot taken with a login shell.
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
-    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    real_cli_env(monkeypatch, tmp_path, claude_bin.parent, "ANTHROPIC_API_KEY", SECRET)
     clone, _ = make_clone(tmp_path)
     script = Script(
         [Reply(tool_calls=(ToolCall("Bash", {"command": VERIFY_PROBE}),)), Reply(text="Checked.")]

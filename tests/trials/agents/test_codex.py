@@ -38,6 +38,7 @@ from tests.trials.agents.cli_locks import (
     cli_context,
     freeze_cli_lock,
     median_spec,
+    real_cli_env,
 )
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -297,9 +298,7 @@ def test_real_codex_runs_the_tasks_verify_in_its_login_shell(
     links = tmp_path / "links"
     links.mkdir()
     (links / "codex").symlink_to(codex_bin)
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(links))
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    real_cli_env(monkeypatch, tmp_path, links, "OPENAI_API_KEY", SECRET)
     clone, _ = make_clone(tmp_path)
     script = Script([Reply(tool_calls=(shell(VERIFY_PROBE),)), Reply(text="Checked.")])
     with ScriptedEndpoint(script, MODEL) as endpoint:
@@ -316,9 +315,7 @@ def test_real_codex_is_offered_apply_patch_with_a_dated_id_through_the_locks_mod
     # gpt-5-2025-08-07 is in no slug of Codex 0.171's bundled catalog: Codex fell back to
     # "fallback metadata" and offered no apply_patch. The lock's codex.model_family gives it
     # the catalog entry of a family Codex ships (written to CODEX_HOME/models.json).
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    real_cli_env(monkeypatch, tmp_path, codex_bin.parent, "OPENAI_API_KEY", SECRET)
     agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
     lock = freeze_cli_lock(
         tmp_path,

@@ -46,6 +46,7 @@ from tests.trials.agents.cli_locks import (
     cli_context,
     freeze_cli_lock,
     median_spec,
+    real_cli_env,
 )
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -334,9 +335,7 @@ def test_real_mini_through_a_pipx_link_runs_the_tasks_verify_as_the_verify_step_
     links = tmp_path / "local-bin"
     links.mkdir()
     (links / "mini").symlink_to(mini_bin)
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(links))
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    real_cli_env(monkeypatch, tmp_path, links, "OPENAI_API_KEY", SECRET)
     clone, _ = make_clone(tmp_path)
     script = Script([bash(VERIFY_PROBE, "THOUGHT: check."), bash(SUBMIT, "THOUGHT: done.")])
     with ScriptedEndpoint(script, MODEL) as endpoint:
