@@ -59,6 +59,7 @@ from hangar_dagster.trials.agents.run_common import (
     clip,
     ending_error,
     reported_by_cli,
+    turn_event,
 )
 from hangar_dagster.trials.model_proxy import (
     EGRESS_NAME,
@@ -112,6 +113,7 @@ class Trajectory:
     turns: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cached_in: int = 0
     first_prompt: str = ""  # the first user message: the task as mini rendered it
 
 
@@ -122,14 +124,36 @@ def _content(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _assistant(traj: Trajectory, message: dict[str, Any], extra: dict[str, Any]) -> None:
+def _turn(traj: Trajectory, message: dict[str, Any] | None, extra: dict[str, Any]) -> None:
+    """One model response: its ``turn`` (tokens, cached ones apart, and litellm's cost),
+    ``reasoning``, ``message`` and a ``tool_call`` per action. ``message`` is the assistant
+    message, or None for a response mini refused (no tool call: a FormatError), whose message
+    is only in ``extra.response``."""
     response = _dict(extra.get("response"))
     model = response.get("model") if isinstance(response.get("model"), str) else None
     usage = _dict(response.get("usage"))
+    tokens_in, tokens_out = (
+        as_int(usage.get("prompt_tokens")),
+        as_int(usage.get("completion_tokens")),
+    )
+    cached_in = as_int(_dict(usage.get("prompt_tokens_details")).get("cached_tokens"))
     traj.turns += 1
+    traj.tokens_in += tokens_in
+    traj.tokens_out += tokens_out
+    traj.cached_in += cached_in
     if traj.first_model is None:
         traj.first_model = model
-    traj.events.append({"type": "turn", "n": traj.turns, "model": model})
+    traj.events.append(
+        turn_event(
+            traj.turns, model, tokens_in, tokens_out, cached_in, cost_usd=_number(extra.get("cost"))
+        )
+    )
+    choices = _list(response.get("choices"))
+    answered = _dict(_dict(choices[0]).get("message")) if choices else {}
+    message = answered if message is None else message
+    reasoning = message.get("reasoning_content") or answered.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        traj.events.append({"type": "reasoning", "text": clip(reasoning)})
     if text := _content(message):
         traj.events.append({"type": "message", "text": clip(text)})
     actions = _list(extra.get("actions"))
@@ -143,20 +167,6 @@ def _assistant(traj: Trajectory, message: dict[str, Any], extra: dict[str, Any])
                     "input": clip(action.get("command")),
                 }
             )
-    tokens_in, tokens_out = (
-        as_int(usage.get("prompt_tokens")),
-        as_int(usage.get("completion_tokens")),
-    )
-    traj.tokens_in += tokens_in
-    traj.tokens_out += tokens_out
-    traj.events.append(
-        {
-            "type": "usage",
-            "tokens_in": tokens_in,
-            "tokens_out": tokens_out,
-            "cost_usd": _number(extra.get("cost")),
-        }
-    )
 
 
 def parse_trajectory(text: str) -> Trajectory:
@@ -186,7 +196,7 @@ def parse_trajectory(text: str) -> Trajectory:
         role = message.get("role")
         extra = _dict(message.get("extra"))
         if role == "assistant":
-            _assistant(traj, message, extra)
+            _turn(traj, message, extra)
         elif role == "tool" or (role == "user" and "returncode" in extra):
             returncode = extra.get("returncode")
             traj.events.append(
@@ -199,6 +209,8 @@ def parse_trajectory(text: str) -> Trajectory:
                 }
             )
         elif role == "user" and extra.get("interrupt_type"):
+            if extra.get("response"):  # a response mini refused: a turn all the same
+                _turn(traj, None, extra)
             traj.events.append(
                 {
                     "type": "interrupt",
@@ -384,7 +396,7 @@ def to_run(
         result,
         events=events,
         turns=traj.turns,
-        tokens=(traj.tokens_in, traj.tokens_out),
+        tokens=(traj.tokens_in, traj.tokens_out, traj.cached_in),
         cost_usd=traj.cost_usd,
         fingerprint=fingerprint(ctx, traj, tools),
         error=error,
