@@ -23,12 +23,14 @@ clone with:
 
 Its stream-json output is read as it arrives (``on_stdout`` chain: the parser
 and the trial budget watcher) and becomes the trace: ``init``, ``turn`` (one
-per assistant message), ``message``, ``tool_call``, ``tool_result`` and
-``result`` events; the ``init`` event keeps the plugins, skills and slash
-commands the CLI said it loaded. Turns, tokens and cost come from the CLI's ``result``
-event (``num_turns``, ``usage``, ``total_cost_usd``); without one (killed,
-timed out) they are counted from the messages, the cost estimated with
-``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
+per assistant message), ``reasoning`` (thinking), ``message``, ``tool_call``,
+``tool_result`` and ``result`` events; the ``init`` event keeps the plugins, skills and slash
+commands the CLI said it loaded. Each turn takes its final
+usage from the session transcript under ``~/.claude/projects`` (stream-json
+carries the usage a response began with), and the totals are the sum of the
+turns (the ``result`` event's when there is no transcript); the cost is the
+``result`` event's ``total_cost_usd``, or without one (killed, timed out)
+estimated with ``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
 from what the CLI reported (its ``system``/``init`` event and the model of
 its first answer), ``plugins_loaded`` from the plugins its ``init`` event
 names from the lock's folder, and the instructions, skills and plugins digests from the files as

@@ -23,15 +23,19 @@ clone, the prompt on stdin, with:
 
 The trace comes from the CLI's own output: its ``--json`` events on stdout
 (``thread.started``, ``item.*`` for messages, commands, file changes, MCP
-and web tools, ``turn.completed`` with usage) become ``init``, ``message``,
+and web tools, ``turn.completed`` with usage) become ``init``, ``reasoning``, ``message``,
 ``tool_call``/``tool_result``, ``usage`` and ``error`` events, and the
 session file Codex writes under ``CODEX_HOME/sessions`` gives one ``turn``
-per model response. The turn-1 fingerprint takes ``cli_version`` and
+per model response with its tokens (cached input apart) and the tool calls
+``--json`` leaves out (a call to a tool Codex did not offer, answered
+"unsupported call", becomes a ``tool_call`` marked ``refused``); the run's
+totals are the sum of the turns. The turn-1 fingerprint takes ``cli_version`` and
 ``model`` from that session file (its ``session_meta`` and first
 ``turn_context``), the tools from the first request the proxy logged in
 ``egress.jsonl``, and the instructions, skills and plugins digests from the
 files as placed (with whether the session shows Codex read the first two). Codex reports no
-cost: it is estimated from tokens with ``PRICES`` (0 for an unknown model,
+cost: it is estimated from tokens with ``PRICES`` (OpenAI's list prices in
+``prices.py``, cached input at its cached price; 0 for an unknown model,
 with a note in the trace). While it runs, the session file is followed for
 its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
 """

@@ -21,10 +21,12 @@ It runs ``mini --yolo --exit-immediately`` in the trial's clone with:
   ``PATH``): ``mini`` of a virtualenv, whose directory is mounted read-only at
   the same path (and its base interpreter, when the sandbox does not show it).
 
-The trace is the trajectory: per model response a ``turn`` (with the model
-the API reported), its ``message`` text, a ``tool_call`` per bash action and
-its ``tool_result``, ``usage`` (tokens and litellm's cost), format errors,
-and the ``exit`` status. The cost is mini-swe-agent's own
+The trace is the trajectory: per model response a ``turn`` (the model the API
+reported, its tokens with the cached ones apart, litellm's cost), its
+``reasoning`` and ``message`` text, a ``tool_call`` per bash action and its
+``tool_result``, format errors, and the ``exit`` status. A response without
+a tool call is a turn too (mini keeps it in the ``FormatError`` message it
+answers with); the run's totals are the sum of the turns. The cost is mini-swe-agent's own
 (``info.model_stats.instance_cost``; 0 when litellm has no price for the
 model, with a note). The turn-1 fingerprint takes ``cli_version`` from the
 trajectory's ``mini_version``, the model from the first response, the tools
