@@ -303,3 +303,16 @@ def test_real_claude_code_trace_adds_up(tmp_path: Path, monkeypatch: pytest.Monk
     assert run.cost_usd == pytest.approx(
         prices.cost(prices.ANTHROPIC, CLAUDE, run.tokens_in, run.tokens_out, run.cached_tokens_in)
     )
+
+
+@pytest.mark.unit
+def test_reasoning_is_redacted_like_the_rest_of_the_trace() -> None:
+    from hangar_dagster.trials.redact import redact
+
+    key = "sk-proj-" + "abcdefghijklmnopqrstuvwx0123"
+    events = parse_trajectory(
+        (SAMPLES / "mini-trajectory-no-tool-call.json").read_text().replace(REASONING, key)
+    ).events
+    (reasoning,) = [e for e in events if e["type"] == "reasoning"]
+    assert reasoning["text"] == key  # the parser keeps it; the trial writer's pass masks it
+    assert key not in json.dumps(redact({"events": events}, None, []))
