@@ -88,6 +88,7 @@ NATIVE_MODES = {"default", "acceptEdits", "bypassPermissions", "plan", "dontAsk"
 # when the CLI reported no cost (it was killed before its result event). Unknown models cost 0.
 PRICES = prices.ANTHROPIC
 TRANSCRIPT_LIMIT = 50_000_000  # bytes of the session transcript read back
+NO_SUCH_TOOL = "No such tool available"  # what Claude Code answers a call to a tool it lacks
 STDOUT_KEEP = 20_000_000  # bytes of stream-json parsed; past it the trace says it was cut
 MAX_EVENTS = 2000
 MAX_RAW = 50
@@ -258,6 +259,7 @@ class StreamJson:
         self.first_model: str | None = None
         self.messages: dict[str, Tokens] = {}  # message id -> tokens, as the stream said
         self.turns: dict[str, dict[str, Any]] = {}  # message id -> its turn event
+        self.calls: dict[str, dict[str, Any]] = {}  # tool_use id -> its tool_call event
         self._raw = 0
 
     def feed(self, chunk: bytes) -> None:
@@ -354,14 +356,14 @@ class StreamJson:
             elif block.get("type") == "text":
                 self._emit({"type": "message", "text": clip(block.get("text", ""))})
             elif block.get("type") == "tool_use":
-                self._emit(
-                    {
-                        "type": "tool_call",
-                        "tool": block.get("name"),
-                        "id": block.get("id"),
-                        "input": clip(block.get("input")),
-                    }
-                )
+                call = {
+                    "type": "tool_call",
+                    "tool": block.get("name"),
+                    "id": block.get("id"),
+                    "input": clip(block.get("input")),
+                }
+                self.calls[str(block.get("id"))] = call
+                self._emit(call)
 
     def _turn(self, n: int, model: str | None, message_id: str) -> dict[str, Any]:
         tokens_in, tokens_out, read, write = self.messages[message_id]
@@ -388,6 +390,13 @@ class StreamJson:
         content = message.get("content") if isinstance(message, dict) else None
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
+                call = self.calls.get(str(block.get("tool_use_id")))
+                if (
+                    call is not None
+                    and block.get("is_error")
+                    and NO_SUCH_TOOL in str(block.get("content"))
+                ):
+                    call["refused"] = True  # a tool the CLI does not offer: not run
                 self._emit(
                     {
                         "type": "tool_result",

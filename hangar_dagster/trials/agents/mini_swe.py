@@ -26,7 +26,8 @@ reported, its tokens with the cached ones apart, litellm's cost), its
 ``reasoning`` and ``message`` text, a ``tool_call`` per bash action and its
 ``tool_result``, format errors, and the ``exit`` status. A response without
 a tool call is a turn too (mini keeps it in the ``FormatError`` message it
-answers with); the run's totals are the sum of the turns. The cost is mini-swe-agent's own
+answers with), and the calls of a response mini refused are ``tool_call``
+events marked ``refused``; the run's totals are the sum of the turns. The cost is mini-swe-agent's own
 (``info.model_stats.instance_cost``; 0 when litellm has no price for the
 model, with a note). The turn-1 fingerprint takes ``cli_version`` from the
 trajectory's ``mini_version``, the model from the first response, the tools
@@ -152,12 +153,25 @@ def _turn(traj: Trajectory, message: dict[str, Any] | None, extra: dict[str, Any
     )
     choices = _list(response.get("choices"))
     answered = _dict(_dict(choices[0]).get("message")) if choices else {}
+    refused = message is None
     message = answered if message is None else message
     reasoning = message.get("reasoning_content") or answered.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         traj.events.append({"type": "reasoning", "text": clip(reasoning)})
     if text := _content(message):
         traj.events.append({"type": "message", "text": clip(text)})
+    if refused:  # mini ran none of its calls (an unknown tool, a bad argument): kept, refused
+        for call in _list(message.get("tool_calls")):
+            function = _dict(_dict(call).get("function"))
+            traj.events.append(
+                {
+                    "type": "tool_call",
+                    "tool": function.get("name"),
+                    "id": _dict(call).get("id"),
+                    "input": clip(function.get("arguments")),
+                    "refused": True,
+                }
+            )
     actions = _list(extra.get("actions"))
     for action in actions:
         if isinstance(action, dict):

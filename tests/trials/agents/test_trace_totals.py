@@ -206,6 +206,10 @@ def assert_totals_match_what_was_sent(run: AgentRun, endpoint: ScriptedEndpoint)
     assert [e["text"] for e in run.events if e["type"] == "reasoning"] == [
         s["reasoning"] for s in sent if s["reasoning"]
     ]
+    # Every tool call the model made is in the trace; the one to a tool not offered, refused.
+    calls = [e for e in run.events if e["type"] == "tool_call"]
+    assert len(calls) == sum(len(s["tool_calls"]) for s in sent)
+    assert [c["tool"] for c in calls if c.get("refused")] == ["fetch_url"]
 
 
 @needs_bwrap
@@ -232,7 +236,6 @@ def test_real_codex_trace_adds_up_with_a_refused_call(
     assert_totals_match_what_was_sent(run, endpoint)
     calls = [e for e in run.events if e["type"] == "tool_call"]
     assert sorted(str(c["tool"]) for c in calls) == ["fetch_url", "shell", "shell"]
-    assert [c["tool"] for c in calls if c.get("refused")] == ["fetch_url"]
     assert run.cost_usd == pytest.approx(
         estimate_cost(GPT, run.tokens_in, run.tokens_out, run.cached_tokens_in)
     )
@@ -240,7 +243,7 @@ def test_real_codex_trace_adds_up_with_a_refused_call(
 
 
 @needs_bwrap
-def test_real_mini_trace_adds_up_with_a_response_without_a_tool_call(
+def test_real_mini_trace_adds_up_with_a_response_without_a_tool_call_and_a_refused_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     binary = ensure_pip_cli("mini-swe-agent", VERSIONS["mini-swe-agent"], "mini")
@@ -253,6 +256,7 @@ def test_real_mini_trace_adds_up_with_a_response_without_a_tool_call(
             usage=(1000, 50, 600),
         ),
         Reply(text="I think it subtracts.", usage=(1200, 30, 900)),
+        Reply(tool_calls=(ToolCall("fetch_url", {"url": "http://x"}),), usage=(1250, 35, 950)),
         Reply(
             text="THOUGHT: fix.",
             tool_calls=bash("sed -i 's/a - b/a + b/' calc.py"),
@@ -271,7 +275,7 @@ def test_real_mini_trace_adds_up_with_a_response_without_a_tool_call(
         tmp_path, monkeypatch, binary, agent, GPT, replies, "HANGAR_OPENAI_BASE_URL"
     )
     assert_totals_match_what_was_sent(run, endpoint)
-    assert len([e for e in run.events if e["type"] == "tool_call"]) == 3
+    assert len([e for e in run.events if e["type"] == "tool_call"]) == 4
     # mini's own (litellm) cost, with cached input at OpenAI's cached price: the same table.
     assert run.cost_usd == pytest.approx(
         estimate_cost(GPT, run.tokens_in, run.tokens_out, run.cached_tokens_in)
@@ -279,7 +283,9 @@ def test_real_mini_trace_adds_up_with_a_response_without_a_tool_call(
 
 
 @needs_bwrap
-def test_real_claude_code_trace_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_claude_code_trace_adds_up_with_thinking_and_a_refused_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     package = "@anthropic-ai/claude-code"
     binary = ensure_npm_cli(package, VERSIONS[package], "claude")
     edit = {"file_path": "calc.py", "old_string": "a - b", "new_string": "a + b"}
@@ -290,6 +296,7 @@ def test_real_claude_code_trace_adds_up(tmp_path: Path, monkeypatch: pytest.Monk
             tool_calls=(ToolCall("Read", {"file_path": "calc.py"}),),
             usage=(1000, 50, 600),
         ),
+        Reply(tool_calls=(ToolCall("fetch_url", {"url": "http://x"}),), usage=(1200, 30, 900)),
         Reply(tool_calls=(ToolCall("Edit", edit),), usage=(1300, 40, 1000)),
         Reply(text="add() now adds.", usage=(1400, 20, 1100)),
     ]
@@ -298,7 +305,11 @@ def test_real_claude_code_trace_adds_up(tmp_path: Path, monkeypatch: pytest.Monk
         tmp_path, monkeypatch, binary, agent, CLAUDE, replies, "HANGAR_ANTHROPIC_BASE_URL"
     )
     assert_totals_match_what_was_sent(run, endpoint)
-    assert [e["tool"] for e in run.events if e["type"] == "tool_call"] == ["Read", "Edit"]
+    assert [e["tool"] for e in run.events if e["type"] == "tool_call"] == [
+        "Read",
+        "fetch_url",
+        "Edit",
+    ]
     # Claude Code reports its own cost; it prices cache reads as Anthropic does.
     assert run.cost_usd == pytest.approx(
         prices.cost(prices.ANTHROPIC, CLAUDE, run.tokens_in, run.tokens_out, run.cached_tokens_in)
@@ -316,3 +327,58 @@ def test_reasoning_is_redacted_like_the_rest_of_the_trace() -> None:
     (reasoning,) = [e for e in events if e["type"] == "reasoning"]
     assert reasoning["text"] == key  # the parser keeps it; the trial writer's pass masks it
     assert key not in json.dumps(redact({"events": events}, None, []))
+
+
+@pytest.mark.unit
+def test_mini_call_to_a_tool_it_has_not_is_in_the_trace_refused() -> None:
+    # Saved run: reply 2 called fetch_url; mini ran nothing and answered with a FormatError.
+    traj = parse_trajectory((SAMPLES / "mini-trajectory-unknown-tool.json").read_text())
+    calls = [e for e in traj.events if e["type"] == "tool_call"]
+    assert [(c["tool"], c.get("refused", False)) for c in calls] == [
+        ("bash", False),
+        ("fetch_url", True),
+        ("bash", False),
+        ("bash", False),
+    ]
+    assert json.loads(calls[1]["input"]) == {"url": "http://x"}
+    assert traj.turns == traj.api_calls == 4
+
+
+@pytest.mark.unit
+def test_claude_call_to_a_tool_it_has_not_is_marked_refused() -> None:
+    stream = StreamJson()
+    lines = [
+        {
+            "type": "assistant",
+            "message": {
+                "id": "m1",
+                "model": CLAUDE,
+                "usage": {"input_tokens": 5, "output_tokens": 1},
+                "content": [
+                    {"type": "tool_use", "id": "t1", "name": "fetch_url", "input": {}},
+                    {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "x"}},
+                ],
+            },
+        },
+        {
+            "type": "user",
+            "message": {
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "is_error": True,
+                        "content": "<tool_use_error>Error: No such tool available: fetch_url"
+                        "</tool_use_error>",
+                    },
+                    {"type": "tool_result", "tool_use_id": "t2", "is_error": True, "content": "1"},
+                ]
+            },
+        },
+    ]
+    stream.feed("".join(json.dumps(line) + "\n" for line in lines).encode())
+    calls = [e for e in stream.events if e["type"] == "tool_call"]
+    assert [(c["tool"], c.get("refused", False)) for c in calls] == [
+        ("fetch_url", True),
+        ("Bash", False),  # a failed command is an error, not a refusal
+    ]
