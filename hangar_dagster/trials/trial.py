@@ -521,6 +521,7 @@ def run_trial(req: TrialRequest, settings: Settings) -> tuple[TrialRecord, str]:
         "turns": run.turns if run else 0,
         "tokens_in": run.tokens_in if run else 0,
         "tokens_out": run.tokens_out if run else 0,
+        "cached_tokens_in": run.cached_tokens_in if run else 0,
         "cost_usd": run.cost_usd if run else 0.0,
         "budget_stopped": run.budget_stopped if run else False,
         "fingerprint": run.fingerprint if run else {},

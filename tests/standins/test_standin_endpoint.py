@@ -227,4 +227,4 @@ def test_script_from_yaml_file(tmp_path: Path) -> None:
     script = Script.from_file(path)
     assert script.next_reply() == Reply("one", (ToolCall("Edit", {"file_path": "a.py"}),), "m-2")
     assert script.next_reply() == Reply("bye") == script.next_reply()
-    assert script.usage_per_reply == (10, 2)
+    assert script.usage_per_reply == (10, 2, 0)

@@ -1,12 +1,15 @@
 """The Anthropic Messages API dialect of the scripted endpoint (a STAND-IN, no model behind it).
 
 ``POST /v1/messages`` answers with the script's next reply as one assistant
-message: its text as a ``text`` block, each tool call as a ``tool_use`` block,
+message: its reasoning as a ``thinking`` block, its text as a ``text`` block, each tool call as a ``tool_use`` block,
 ``stop_reason`` ``tool_use`` when it calls tools and ``end_turn`` otherwise.
 With ``stream: true`` the same message is sent as the API's server-sent
 events: ``message_start``, per block ``content_block_start`` / ``_delta``
-(``text_delta``, or ``input_json_delta`` pieces of the tool input) / ``_stop``,
+(``thinking_delta`` then ``signature_delta``, ``text_delta``, or
+``input_json_delta`` pieces of the tool input) / ``_stop``,
 then ``message_delta`` (stop reason, output tokens) and ``message_stop``.
+Cached input is reported as the API does, apart: ``cache_read_input_tokens``,
+with ``input_tokens`` the rest.
 
 A request that offers no tools is a side call (Claude Code's title and quota
 probes, for instance): it gets a short text answer without consuming the script.
@@ -24,6 +27,10 @@ from hangar_dagster.standins.model.server import ResponseWriter, ScriptedEndpoin
 
 def _blocks(reply: Reply) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append(
+            {"type": "thinking", "thinking": reply.reasoning, "signature": "scripted-standin"}
+        )
     if reply.text:
         blocks.append({"type": "text", "text": reply.text})
     for call in reply.tool_calls:
@@ -42,15 +49,18 @@ def messages(endpoint: ScriptedEndpoint, body: dict[str, Any], out: ResponseWrit
     if not isinstance(body.get("messages"), list):
         out.send_json(400, error_body("invalid_request_error", "messages: field required"))
         return
-    reply = endpoint.next_reply(conversational=bool(body.get("tools")))
-    tokens_in, tokens_out = endpoint.script.usage_per_reply
+    conversational = bool(body.get("tools"))
+    reply = endpoint.next_reply(conversational=conversational)
+    sent = endpoint.usage_sent("/v1/messages", reply, conversational)
+    tokens_out = sent.tokens_out
     blocks = _blocks(reply)
     stop_reason = "tool_use" if reply.tool_calls else "end_turn"
+    # Anthropic counts cache reads apart from input_tokens.
     usage = {
-        "input_tokens": tokens_in,
+        "input_tokens": sent.tokens_in - sent.cached_in,
         "output_tokens": tokens_out,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": sent.cached_in,
     }
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -73,6 +83,11 @@ def messages(endpoint: ScriptedEndpoint, body: dict[str, Any], out: ResponseWrit
         if block["type"] == "text":
             opening: dict[str, Any] = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": p} for p in stream_pieces(block["text"])]
+        elif block["type"] == "thinking":
+            opening = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": p} for p in stream_pieces(block["thinking"])
+            ] + [{"type": "signature_delta", "signature": block["signature"]}]
         else:
             opening = {**block, "input": {}}
             deltas = [

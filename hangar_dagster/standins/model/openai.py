@@ -2,16 +2,18 @@
 
 ``POST /v1/chat/completions`` (Chat Completions: mini-swe-agent through
 litellm) answers with the script's next reply as one assistant message: its
-text as ``content``, each tool call as a ``tool_calls`` entry in the OpenAI
+text as ``content``, its reasoning as ``reasoning_content`` (as litellm reads
+it), each tool call as a ``tool_calls`` entry in the OpenAI
 shape (``function.arguments`` a JSON string), ``finish_reason`` ``tool_calls``
-or ``stop``, and ``usage``. With ``stream: true`` the same message goes out as
+or ``stop``, and ``usage`` (cached input in ``prompt_tokens_details``). With ``stream: true`` the same message goes out as
 ``chat.completion.chunk`` events (role, content pieces, tool-call pieces by
 index, the finish reason, a usage chunk when ``stream_options.include_usage``
 asks for it) ending with ``[DONE]``. Chat Completions clients of these
 harnesses make no side calls, so every request takes the next scripted reply.
 
 ``POST /v1/responses`` (the Responses API: Codex) answers with a response
-whose output holds a ``message`` item for the text and a ``function_call``
+whose output holds a ``reasoning`` item (its summary: the reply's reasoning),
+a ``message`` item for the text and a ``function_call``
 item per tool call (a ``custom_tool_call`` when the request offered that tool
 as a freeform ``custom`` tool, its ``input`` taken from the call's ``input``
 argument). Streamed, it is the event sequence Codex reads:
@@ -49,11 +51,12 @@ def chat_completions(endpoint: ScriptedEndpoint, body: dict[str, Any], out: Resp
         out.send_json(400, error_body("invalid_request_error", "messages: field required"))
         return
     reply = endpoint.next_reply(conversational=True)
-    tokens_in, tokens_out = endpoint.script.usage_per_reply
+    sent = endpoint.usage_sent("/v1/chat/completions", reply, True)
     usage = {
-        "prompt_tokens": tokens_in,
-        "completion_tokens": tokens_out,
-        "total_tokens": tokens_in + tokens_out,
+        "prompt_tokens": sent.tokens_in,
+        "completion_tokens": sent.tokens_out,
+        "total_tokens": sent.tokens_in + sent.tokens_out,
+        "prompt_tokens_details": {"cached_tokens": sent.cached_in},
     }
     calls: list[dict[str, Any]] = [
         {
@@ -72,6 +75,8 @@ def chat_completions(endpoint: ScriptedEndpoint, body: dict[str, Any], out: Resp
     }
     if not body.get("stream"):
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
         if calls:
             message["tool_calls"] = calls
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
@@ -86,6 +91,8 @@ def chat_completions(endpoint: ScriptedEndpoint, body: dict[str, Any], out: Resp
 
     out.start_sse()
     chunk({"role": "assistant", "content": ""})
+    for piece in stream_pieces(reply.reasoning) if reply.reasoning else []:
+        chunk({"reasoning_content": piece})
     if reply.text:
         for piece in stream_pieces(reply.text):
             chunk({"content": piece})
@@ -122,6 +129,14 @@ def _custom_tools(body: dict[str, Any]) -> set[str]:
 
 def _output_items(reply: Reply, custom: set[str]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    if reply.reasoning:
+        items.append(
+            {
+                "id": _id("rs"),
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": reply.reasoning}],
+            }
+        )
     if reply.text:
         items.append(
             {
@@ -163,8 +178,9 @@ def responses(endpoint: ScriptedEndpoint, body: dict[str, Any], out: ResponseWri
     if "input" not in body:
         out.send_json(400, error_body("invalid_request_error", "input: field required"))
         return
-    reply = endpoint.next_reply(conversational=bool(body.get("tools")))
-    tokens_in, tokens_out = endpoint.script.usage_per_reply
+    conversational = bool(body.get("tools"))
+    reply = endpoint.next_reply(conversational=conversational)
+    sent = endpoint.usage_sent("/v1/responses", reply, conversational)
     items = _output_items(reply, _custom_tools(body))
     response: dict[str, Any] = {
         "id": _id("resp"),
@@ -174,11 +190,11 @@ def responses(endpoint: ScriptedEndpoint, body: dict[str, Any], out: ResponseWri
         "model": endpoint.model_of(reply),
         "output": items,
         "usage": {
-            "input_tokens": tokens_in,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": tokens_out,
+            "input_tokens": sent.tokens_in,
+            "input_tokens_details": {"cached_tokens": sent.cached_in},
+            "output_tokens": sent.tokens_out,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": tokens_in + tokens_out,
+            "total_tokens": sent.tokens_in + sent.tokens_out,
         },
     }
     if not body.get("stream"):
@@ -211,6 +227,28 @@ def responses(endpoint: ScriptedEndpoint, body: dict[str, Any], out: ResponseWri
             event("response.output_text.done", {**where, "content_index": 0, "text": text})
             done_part = {**part, "text": text}
             event("response.content_part.done", {**where, "content_index": 0, "part": done_part})
+        elif item["type"] == "reasoning":
+            text = item["summary"][0]["text"]
+            event(
+                "response.output_item.added",
+                {"output_index": index, "item": {**item, "summary": []}},
+            )
+            part = {"type": "summary_text", "text": ""}
+            event(
+                "response.reasoning_summary_part.added", {**where, "summary_index": 0, "part": part}
+            )
+            for piece in stream_pieces(text):
+                event(
+                    "response.reasoning_summary_text.delta",
+                    {**where, "summary_index": 0, "delta": piece},
+                )
+            event(
+                "response.reasoning_summary_text.done", {**where, "summary_index": 0, "text": text}
+            )
+            event(
+                "response.reasoning_summary_part.done",
+                {**where, "summary_index": 0, "part": {**part, "text": text}},
+            )
         elif item["type"] == "function_call":
             started = {**item, "status": "in_progress", "arguments": ""}
             event("response.output_item.added", {"output_index": index, "item": started})

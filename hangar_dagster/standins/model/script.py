@@ -7,7 +7,9 @@ A script file is YAML or JSON::
       - text: "Fixed."
         model: claude-other-2026-01-01   # optional: report another model id (drift tests)
     final: {text: "Done."}               # optional; answered once the replies run out
-    usage_per_reply: [120, 30]           # optional: tokens in/out reported per reply
+    usage_per_reply: [120, 30, 80]       # optional: tokens in/out (and of in, cached) per reply
+    # a reply may also carry reasoning: "..." (sent as thinking / reasoning content) and
+    # usage: [in, out, cached] of its own
 
 No model is behind it: this is a stand-in, labelled as such where it shows.
 """
@@ -41,6 +43,17 @@ class Reply:
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     model: str | None = None  # overrides the model id the endpoint reports
+    reasoning: str = ""  # sent as the dialect's thinking / reasoning content
+    usage: tuple[int, int, int] | None = None  # (in, out, cached of in); else the script's
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one response reports: input tokens (cached ones included), output, cached input."""
+
+    tokens_in: int
+    tokens_out: int
+    cached_in: int = 0
 
 
 class Script:
@@ -50,13 +63,17 @@ class Script:
         self,
         replies: Sequence[Reply],
         final: Reply = Reply(text="Done."),
-        usage_per_reply: tuple[int, int] = DEFAULT_USAGE,
+        usage_per_reply: tuple[int, int] | tuple[int, int, int] = DEFAULT_USAGE,
     ) -> None:
         self.replies = tuple(replies)
         self.final = final
         self.usage_per_reply = usage_per_reply
         self._next = 0
         self._lock = threading.Lock()
+
+    def usage_of(self, reply: Reply) -> Usage:
+        """The usage reported for ``reply``: its own, else the script's per-reply usage."""
+        return Usage(*(reply.usage or self.usage_per_reply))
 
     def next_reply(self) -> Reply:
         with self._lock:
@@ -97,16 +114,24 @@ class Script:
             raise ScriptError(f"{where}: 'replies' must be a list of replies")
         replies = [_reply(r, f"{where}: replies[{i}]") for i, r in enumerate(raw_replies)]
         final = _reply(data["final"], f"{where}: final") if "final" in data else Reply(text="Done.")
-        usage = data.get("usage_per_reply", list(DEFAULT_USAGE))
-        if (
-            not isinstance(usage, list | tuple)
-            or len(usage) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in usage)
-        ):
-            raise ScriptError(
-                f"{where}: usage_per_reply must be two non-negative integers [tokens_in, tokens_out]"
-            )
-        return cls(replies, final, (usage[0], usage[1]))
+        usage = _usage(
+            data.get("usage_per_reply", list(DEFAULT_USAGE)), f"{where}: usage_per_reply"
+        )
+        return cls(replies, final, usage)
+
+
+def _usage(raw: Any, where: str) -> tuple[int, int, int]:
+    if (
+        not isinstance(raw, list | tuple)
+        or len(raw) not in (2, 3)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in raw)
+        or (len(raw) == 3 and raw[2] > raw[0])
+    ):
+        raise ScriptError(
+            f"{where}: must be two or three non-negative integers [tokens_in, tokens_out] or "
+            "[tokens_in, tokens_out, cached_tokens_in], the cached ones no more than tokens_in"
+        )
+    return (raw[0], raw[1], raw[2] if len(raw) == 3 else 0)
 
 
 def stream_pieces(text: str) -> list[str]:
@@ -117,11 +142,16 @@ def stream_pieces(text: str) -> list[str]:
 def _reply(raw: Any, where: str) -> Reply:
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}: expected a mapping with text and/or tool_calls")
-    unknown = sorted(set(raw) - {"text", "tool_calls", "model"})
+    unknown = sorted(set(raw) - {"text", "tool_calls", "model", "reasoning", "usage"})
     if unknown:
         raise ScriptError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; a reply has text, tool_calls, model"
+            f"{where}: unknown field(s) {', '.join(unknown)}; a reply has text, tool_calls, "
+            "model, reasoning, usage"
         )
+    reasoning = raw.get("reasoning", "")
+    if not isinstance(reasoning, str):
+        raise ScriptError(f"{where}.reasoning: must be a string")
+    usage = _usage(raw["usage"], f"{where}.usage") if "usage" in raw else None
     text = raw.get("text", "")
     model = raw.get("model")
     calls = raw.get("tool_calls", [])
@@ -142,4 +172,6 @@ def _reply(raw: Any, where: str) -> Reply:
         tool_calls.append(ToolCall(call["name"], arguments))
     if not text and not tool_calls:
         raise ScriptError(f"{where}: a reply needs text, tool_calls or both")
-    return Reply(text=text, tool_calls=tuple(tool_calls), model=model)
+    return Reply(
+        text=text, tool_calls=tuple(tool_calls), model=model, reasoning=reasoning, usage=usage
+    )

@@ -5,7 +5,9 @@ dialect is a handler in ``ROUTES`` (path -> ``"module:function"``, imported on
 first use) with the signature ``handle(endpoint, body, out)``: ``body`` is the
 request's JSON body (``{}`` for a GET) and ``out`` a ``ResponseWriter`` that
 sends one JSON answer or a server-sent event stream. Every request is recorded
-in ``endpoint.requests`` (path, method, model, body, headers).
+in ``endpoint.requests`` (path, method, model, body, headers), and the usage
+each answer reported in ``endpoint.sent`` (what a trace's totals are checked
+against: the endpoint's own word, not numbers copied into a test).
 
 Requests that are not part of the scripted conversation (an agent CLI's side
 calls: titles, quota probes, requests that offer no tools) are answered with
@@ -25,7 +27,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from hangar_dagster.standins.model.script import Reply, Script
+from hangar_dagster.standins.model.script import Reply, Script, Usage
 from hangar_dagster.util.background import ServerThread
 
 ROUTES: dict[str, str] = {
@@ -200,6 +202,9 @@ class ScriptedEndpoint:
         self.host = host
         self.port = port
         self.requests: list[dict[str, Any]] = []
+        # Per answer sent: path, conversational, model, tokens_in (cached included), tokens_out,
+        # cached_tokens_in, and the reply's tool calls and reasoning.
+        self.sent: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._handlers: dict[str, Handler] = {}
         self._serving: ServerThread[_Server] | None = None
@@ -255,6 +260,30 @@ class ScriptedEndpoint:
     def next_reply(self, conversational: bool) -> Reply:
         """The script's next reply for a conversational request, ``SIDE_REPLY`` otherwise."""
         return self.script.next_reply() if conversational else SIDE_REPLY
+
+    def usage_sent(self, path: str, reply: Reply, conversational: bool) -> Usage:
+        """The usage to report for ``reply``, recorded in ``sent`` as it goes out."""
+        usage = self.script.usage_of(reply)
+        entry = {
+            "path": path,
+            "conversational": conversational,
+            "model": self.model_of(reply),
+            "tokens_in": usage.tokens_in,
+            "tokens_out": usage.tokens_out,
+            "cached_tokens_in": usage.cached_in,
+            "tool_calls": [call.name for call in reply.tool_calls],
+            "reasoning": reply.reasoning,
+        }
+        with self._lock:
+            self.sent.append(entry)
+        return usage
+
+    def sent_totals(self, conversational_only: bool = True) -> dict[str, int]:
+        """Responses and token sums over ``sent`` (the conversational ones by default)."""
+        with self._lock:
+            rows = [r for r in self.sent if r["conversational"] or not conversational_only]
+        keys = ("tokens_in", "tokens_out", "cached_tokens_in")
+        return {"responses": len(rows), **{k: sum(r[k] for r in rows) for k in keys}}
 
     def model_of(self, reply: Reply) -> str:
         """The model id reported for ``reply`` (its own override, else the endpoint's)."""

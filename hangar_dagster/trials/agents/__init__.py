@@ -63,6 +63,7 @@ class AgentRun:
     output_tail: str
     error: str | None = None
     budget_stopped: bool = False  # stopped for passing max_cost_usd (an outcome, not infra)
+    cached_tokens_in: int = 0  # of tokens_in, those the provider served from its prompt cache
 
 
 class Agent(ABC):

@@ -23,12 +23,14 @@ clone with:
 
 Its stream-json output is read as it arrives (``on_stdout`` chain: the parser
 and the trial budget watcher) and becomes the trace: ``init``, ``turn`` (one
-per assistant message), ``message``, ``tool_call``, ``tool_result`` and
-``result`` events; the ``init`` event keeps the plugins, skills and slash
-commands the CLI said it loaded. Turns, tokens and cost come from the CLI's ``result``
-event (``num_turns``, ``usage``, ``total_cost_usd``); without one (killed,
-timed out) they are counted from the messages, the cost estimated with
-``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
+per assistant message), ``reasoning`` (thinking), ``message``, ``tool_call``,
+``tool_result`` and ``result`` events; the ``init`` event keeps the plugins, skills and slash
+commands the CLI said it loaded. Each turn takes its final
+usage from the session transcript under ``~/.claude/projects`` (stream-json
+carries the usage a response began with), and the totals are the sum of the
+turns (the ``result`` event's when there is no transcript); the cost is the
+``result`` event's ``total_cost_usd``, or without one (killed, timed out)
+estimated with ``PRICES``. The turn-1 fingerprint takes the CLI version, tools and model
 from what the CLI reported (its ``system``/``init`` event and the model of
 its first answer), ``plugins_loaded`` from the plugins its ``init`` event
 names from the lock's folder, and the instructions, skills and plugins digests from the files as
@@ -46,7 +48,7 @@ from typing import Any
 from hangar_dagster.experiment.harness import HarnessError
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import sandbox_path
-from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun, prices
 from hangar_dagster.trials.agents.install import (
     find_cli,
     install_mounts,
@@ -63,9 +65,12 @@ from hangar_dagster.trials.agents.run_common import (
     clip,
     ending_error,
     reported_by_cli,
+    turn_event,
+    turn_totals,
 )
 from hangar_dagster.trials.model_proxy import ModelAccess, model_access
 from hangar_dagster.trials.sandbox import Mount, SandboxResult
+from hangar_dagster.trials.sandbox._common import read_sandbox_file
 
 ADAPTER = "claude-code"
 CLI = "claude"
@@ -80,15 +85,11 @@ APPROVALS = {
     "read-only": "plan",
 }
 NATIVE_MODES = {"default", "acceptEdits", "bypassPermissions", "plan", "dontAsk"}
-# USD per million tokens (in, out), by model id prefix, used only when the CLI
-# reported no cost (it was killed before its result event). Unknown models cost 0.
-PRICES = {
-    "claude-opus-4-5": (5.0, 25.0),
-    "claude-opus-4": (15.0, 75.0),
-    "claude-sonnet-4": (3.0, 15.0),
-    "claude-haiku-4-5": (1.0, 5.0),
-    "claude-3-5-haiku": (0.8, 4.0),
-}
+# Anthropic's list prices (prices.py, cache reads and writes at their own prices), used only
+# when the CLI reported no cost (it was killed before its result event). Unknown models cost 0.
+PRICES = prices.ANTHROPIC
+TRANSCRIPT_LIMIT = 50_000_000  # bytes of the session transcript read back
+NO_SUCH_TOOL = "No such tool available"  # what Claude Code answers a call to a tool it lacks
 STDOUT_KEEP = 20_000_000  # bytes of stream-json parsed; past it the trace says it was cut
 MAX_EVENTS = 2000
 MAX_RAW = 50
@@ -189,22 +190,60 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
     }
 
 
-def _tokens(usage: Any) -> tuple[int, int]:
-    """(tokens in, tokens out) of an API usage object; cached input counts as input."""
+Tokens = tuple[int, int, int, int]  # (in with cache reads and writes, out, cache reads, writes)
+
+
+def _tokens(usage: Any) -> Tokens:
+    """The tokens of an API usage object: input counts the cache reads and writes too (the API
+    counts them apart from ``input_tokens``), which are also given on their own."""
     if not isinstance(usage, dict):
-        return 0, 0
-    tokens_in = sum(
-        as_int(usage.get(k))
-        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        return 0, 0, 0, 0
+    read, write = (
+        as_int(usage.get("cache_read_input_tokens")),
+        as_int(usage.get("cache_creation_input_tokens")),
     )
-    return tokens_in, as_int(usage.get("output_tokens"))
+    return (
+        as_int(usage.get("input_tokens")) + read + write,
+        as_int(usage.get("output_tokens")),
+        read,
+        write,
+    )
 
 
-def estimate_cost(model: str, tokens_in: int, tokens_out: int) -> float:
-    for prefix, (price_in, price_out) in PRICES.items():
-        if model.startswith(prefix):
-            return (tokens_in * price_in + tokens_out * price_out) / 1_000_000
-    return 0.0
+def estimate_cost(
+    model: str, tokens_in: int, tokens_out: int, cached_in: int = 0, written_in: int = 0
+) -> float:
+    return prices.cost(PRICES, model, tokens_in, tokens_out, cached_in, written_in) or 0.0
+
+
+def transcript_usage(home: Path, session_id: str | None) -> dict[str, Tokens]:
+    """Message id -> the final usage of each model response, from the session transcript Claude
+    Code writes under ``~/.claude/projects``: its stream-json carries each message's usage as the
+    response started (one output token), the transcript the usage it ended with."""
+    if not session_id:
+        return {}
+    usage: dict[str, Tokens] = {}
+    projects = home / ".claude" / "projects"
+    folders = (
+        [p for p in projects.iterdir() if p.is_dir() and not p.is_symlink()]
+        if projects.is_dir() and not projects.is_symlink()
+        else []
+    )
+    for folder in folders:
+        text = read_sandbox_file(folder / f"{Path(session_id).name}.jsonl", TRANSCRIPT_LIMIT)
+        for line in (text or "").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            message = record.get("message") if isinstance(record, dict) else None
+            if (
+                record.get("type") == "assistant"
+                and isinstance(message, dict)
+                and isinstance(message.get("usage"), dict)
+            ):
+                usage[str(message.get("id"))] = _tokens(message["usage"])
+    return usage
 
 
 class StreamJson:
@@ -219,7 +258,9 @@ class StreamJson:
         self.init: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
         self.first_model: str | None = None
-        self.messages: dict[str, tuple[int, int]] = {}  # message id -> tokens (in, out)
+        self.messages: dict[str, Tokens] = {}  # message id -> tokens, as the stream said
+        self.turns: dict[str, dict[str, Any]] = {}  # message id -> its turn event
+        self.calls: dict[str, dict[str, Any]] = {}  # tool_use id -> its tool_call event
         self._raw = 0
 
     def feed(self, chunk: bytes) -> None:
@@ -304,29 +345,59 @@ class StreamJson:
             self.messages[message_id] = _tokens(message.get("usage"))
             if self.first_model is None:
                 self.first_model = model
-            self._emit(
-                {"type": "turn", "n": len(self.messages), "message_id": message_id, "model": model}
-            )
+            self.turns[message_id] = self._turn(len(self.messages), model, message_id)
+            self._emit(self.turns[message_id])
         for block in message.get("content") or []:
             if not isinstance(block, dict):
                 continue
-            if block.get("type") == "text":
+            if block.get("type") == "thinking":
+                self._emit({"type": "reasoning", "text": clip(block.get("thinking", ""))})
+            elif block.get("type") == "redacted_thinking":
+                self._emit({"type": "reasoning", "text": "[thinking redacted by the provider]"})
+            elif block.get("type") == "text":
                 self._emit({"type": "message", "text": clip(block.get("text", ""))})
             elif block.get("type") == "tool_use":
-                self._emit(
-                    {
-                        "type": "tool_call",
-                        "tool": block.get("name"),
-                        "id": block.get("id"),
-                        "input": clip(block.get("input")),
-                    }
-                )
+                call = {
+                    "type": "tool_call",
+                    "tool": block.get("name"),
+                    "id": block.get("id"),
+                    "input": clip(block.get("input")),
+                }
+                self.calls[str(block.get("id"))] = call
+                self._emit(call)
+
+    def _turn(self, n: int, model: str | None, message_id: str) -> dict[str, Any]:
+        tokens_in, tokens_out, read, write = self.messages[message_id]
+        return turn_event(
+            n,
+            model,
+            tokens_in,
+            tokens_out,
+            read,
+            message_id=message_id,
+            cache_write_tokens_in=write,
+        )
+
+    def settle(self, usage: dict[str, Tokens]) -> bool:
+        """Give each turn its final usage (``transcript_usage``); True when every turn had one."""
+        for message_id, event in self.turns.items():
+            if message_id in usage:
+                self.messages[message_id] = usage[message_id]
+                event.update(self._turn(event["n"], event["model"], message_id))
+        return bool(self.turns) and all(m in usage for m in self.turns)
 
     def _user(self, event: dict[str, Any]) -> None:
         message = event.get("message")
         content = message.get("content") if isinstance(message, dict) else None
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool_result":
+                call = self.calls.get(str(block.get("tool_use_id")))
+                if (
+                    call is not None
+                    and block.get("is_error")
+                    and NO_SUCH_TOOL in str(block.get("content"))
+                ):
+                    call["refused"] = True  # a tool the CLI does not offer: not run
                 self._emit(
                     {
                         "type": "tool_result",
@@ -338,7 +409,7 @@ class StreamJson:
 
     def _result(self, event: dict[str, Any]) -> None:
         self.result = event
-        tokens_in, tokens_out = _tokens(event.get("usage"))
+        tokens_in, tokens_out, cached_in, _ = _tokens(event.get("usage"))
         self._emit(
             {
                 "type": "result",
@@ -348,6 +419,7 @@ class StreamJson:
                 "total_cost_usd": event.get("total_cost_usd"),
                 "tokens_in": tokens_in,
                 "tokens_out": tokens_out,
+                "cached_tokens_in": cached_in,
                 "duration_ms": event.get("duration_ms"),
                 "result": clip(event.get("result")),
             }
@@ -424,19 +496,30 @@ def to_run(
     stream: StreamJson,
     digests: dict[str, str | None],
     budget_stopped: bool,
+    settled: bool = False,
 ) -> AgentRun:
+    """``settled``: every turn has its final usage (``StreamJson.settle``), so the totals are
+    the sum of the turns; otherwise the result event's, else the stream's (output understated)."""
     final = stream.result or {}
     turns = turns_of(stream)
-    if final:
-        tokens_in, tokens_out = _tokens(final.get("usage"))
+    written = sum(t[3] for t in stream.messages.values())
+    if settled or not final:
+        _, tokens = turn_totals(stream.events)
     else:
-        tokens_in = sum(t[0] for t in stream.messages.values())
-        tokens_out = sum(t[1] for t in stream.messages.values())
+        tokens_in, tokens_out, cached_in, written = _tokens(final.get("usage"))
+        tokens = (tokens_in, tokens_out, cached_in)
+        stream.events.append(
+            {
+                "type": "note",
+                "text": "no session transcript gave each turn its final usage: the totals are "
+                "the result event's, the turns' output tokens as the stream began them",
+            }
+        )
     cost = final.get("total_cost_usd")
     if isinstance(cost, int | float) and not isinstance(cost, bool):
         cost_usd = float(cost)
     else:
-        cost_usd = estimate_cost(stream.first_model or ctx.model, tokens_in, tokens_out)
+        cost_usd = estimate_cost(stream.first_model or ctx.model, *tokens, written)
         stream.events.append(
             {
                 "type": "note",
@@ -453,7 +536,7 @@ def to_run(
         result,
         events=stream.events,
         turns=turns,
-        tokens=(tokens_in, tokens_out),
+        tokens=tokens,
         cost_usd=cost_usd,
         fingerprint=fingerprint(ctx, stream, digests),
         error=ending_error(
@@ -490,4 +573,8 @@ class ClaudeCodeAgent(Agent):
             )
             result = ctx.sandbox.run(request)
         stream.close()
-        return to_run(ctx, result, stream, digests, watcher.stopped)
+        session_id = (stream.init or {}).get("session_id")
+        settled = stream.settle(
+            transcript_usage(home, session_id if isinstance(session_id, str) else None)
+        )
+        return to_run(ctx, result, stream, digests, watcher.stopped, settled)

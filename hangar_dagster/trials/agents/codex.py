@@ -23,15 +23,19 @@ clone, the prompt on stdin, with:
 
 The trace comes from the CLI's own output: its ``--json`` events on stdout
 (``thread.started``, ``item.*`` for messages, commands, file changes, MCP
-and web tools, ``turn.completed`` with usage) become ``init``, ``message``,
+and web tools, ``turn.completed`` with usage) become ``init``, ``reasoning``, ``message``,
 ``tool_call``/``tool_result``, ``usage`` and ``error`` events, and the
 session file Codex writes under ``CODEX_HOME/sessions`` gives one ``turn``
-per model response. The turn-1 fingerprint takes ``cli_version`` and
+per model response with its tokens (cached input apart) and the tool calls
+``--json`` leaves out (a call to a tool Codex did not offer, answered
+"unsupported call", becomes a ``tool_call`` marked ``refused``); the run's
+totals are the sum of the turns. The turn-1 fingerprint takes ``cli_version`` and
 ``model`` from that session file (its ``session_meta`` and first
 ``turn_context``), the tools from the first request the proxy logged in
 ``egress.jsonl``, and the instructions, skills and plugins digests from the
 files as placed (with whether the session shows Codex read the first two). Codex reports no
-cost: it is estimated from tokens with ``PRICES`` (0 for an unknown model,
+cost: it is estimated from tokens with ``PRICES`` (OpenAI's list prices in
+``prices.py``, cached input at its cached price; 0 for an unknown model,
 with a note in the trace). While it runs, the session file is followed for
 its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
 """
@@ -54,7 +58,7 @@ from typing import Any
 from hangar_dagster.experiment.harness import HarnessError
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import parse_trace, sandbox_path
-from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun, prices
 from hangar_dagster.trials.agents.install import (
     CliUnavailable,
     find_cli,
@@ -71,6 +75,8 @@ from hangar_dagster.trials.agents.run_common import (
     clip,
     ending_error,
     reported_by_cli,
+    turn_event,
+    turn_totals,
 )
 from hangar_dagster.trials.model_proxy import (
     EGRESS_NAME,
@@ -91,28 +97,18 @@ PROVIDER_ID = "hangar"
 SESSIONS_LIMIT = 20_000_000  # bytes of the session file read back
 EGRESS_LIMIT = 5_000_000
 POLL_S = 0.2
-# USD per million tokens (in, out), by model id prefix, longest prefix first: Codex
-# reports tokens but no cost. Unknown models cost 0 (with a note in the trace).
-PRICES = {
-    "gpt-5-mini": (0.25, 2.0),
-    "gpt-5-nano": (0.05, 0.4),
-    "gpt-5": (1.25, 10.0),
-    "gpt-4.1-mini": (0.4, 1.6),
-    "gpt-4.1": (2.0, 8.0),
-    "gpt-4o-mini": (0.15, 0.6),
-    "gpt-4o": (2.5, 10.0),
-    "o4-mini": (1.1, 4.4),
-    "o3": (2.0, 8.0),
-}
+# Codex reports tokens but no cost: priced with OpenAI's list prices (prices.py), cached
+# input at its cached price. Unknown models cost 0 (with a note in the trace).
+PRICES = prices.OPENAI
+CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
+OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
+REFUSED_PREFIX = "unsupported call"  # what Codex answers a call to a tool it did not offer
 
 
-def estimate_cost(model: str, tokens_in: int, tokens_out: int) -> float | None:
-    """USD for these tokens, or None when ``model`` is not in ``PRICES``."""
-    for prefix in sorted(PRICES, key=len, reverse=True):
-        if model.startswith(prefix):
-            price_in, price_out = PRICES[prefix]
-            return (tokens_in * price_in + tokens_out * price_out) / 1_000_000
-    return None
+def estimate_cost(model: str, tokens_in: int, tokens_out: int, cached_in: int = 0) -> float | None:
+    """USD for these tokens (cached input at the cached price), or None when ``model`` is not
+    in ``PRICES``."""
+    return prices.cost(PRICES, model, tokens_in, tokens_out, cached_in)
 
 
 # ---- what Codex printed: ``codex exec --json`` -------------------------------------
@@ -127,6 +123,7 @@ class ExecOutput:
     turns_completed: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cached_in: int = 0
     errors: list[str] = field(default_factory=list)
     final_message: str | None = None
 
@@ -200,15 +197,18 @@ def parse_exec_json(stdout: str) -> ExecOutput:
                 as_int(usage.get("input_tokens")),
                 as_int(usage.get("output_tokens")),
             )
+            cached_in = as_int(usage.get("cached_input_tokens"))
             out.turns_completed += 1
             out.tokens_in += tokens_in
             out.tokens_out += tokens_out
+            out.cached_in += cached_in
+            # The exec's total over all its responses; the turn events hold each response's.
             out.events.append(
                 {
                     "type": "usage",
                     "tokens_in": tokens_in,
                     "tokens_out": tokens_out,
-                    "cached_tokens_in": as_int(usage.get("cached_input_tokens")),
+                    "cached_tokens_in": cached_in,
                 }
             )
         elif kind in ("turn.failed", "error"):
@@ -234,6 +234,11 @@ class Session:
     model: str | None = None  # of the first turn
     provider: str | None = None
     responses: list[str] = field(default_factory=list)  # response ids, in order
+    # response id -> (tokens in with the cached ones, out, cached in), from token_usage_record
+    usage: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every tool call the model made
+    outputs: dict[str, str] = field(default_factory=dict)  # call id -> what Codex answered
+    items: set[str] = field(default_factory=set)  # ids of the items Codex carried out
     total_tokens: tuple[int, int] | None = None  # (in, out), the last running total
     instructions_seen: bool = False
     skills_text: str = ""  # the skills list Codex put in its prompt
@@ -265,6 +270,24 @@ def parse_session(text: str) -> Session:
             response = str(payload.get("response_id"))
             if response not in session.responses:
                 session.responses.append(response)
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                session.usage[response] = (
+                    as_int(usage.get("input_tokens")),
+                    as_int(usage.get("output_tokens")),
+                    as_int(usage.get("cached_input_tokens")),
+                )
+        elif kind == "response_item" and payload.get("type") in CALL_ITEMS:
+            session.calls.append(payload)
+        elif kind == "response_item" and payload.get("type") in OUTPUT_ITEMS:
+            output = payload.get("output")
+            session.outputs[str(payload.get("call_id"))] = (
+                output if isinstance(output, str) else json.dumps(output)
+            )
+        elif kind == "event_msg" and payload.get("type") == "item_completed":
+            item = payload.get("item")
+            if isinstance(item, dict):
+                session.items.add(str(item.get("id")))
         elif kind == "event_msg" and payload.get("type") == "token_count":
             info = payload.get("info")
             total = info.get("total_token_usage") if isinstance(info, dict) else None
@@ -280,6 +303,33 @@ def parse_session(text: str) -> Session:
             elif body.startswith("<skills_instructions>"):
                 session.skills_text = body
     return session
+
+
+def calls_not_shown(session: Session) -> list[dict[str, Any]]:
+    """``tool_call``/``tool_result`` events of the calls the model made that Codex carried out as
+    no item, so its ``--json`` output leaves them out: a tool it was not offered (answered
+    "unsupported call: NAME", marked ``refused``), or one Codex answers without an item."""
+    events: list[dict[str, Any]] = []
+    for call in session.calls:
+        call_id = str(call.get("call_id"))
+        if call_id in session.items:
+            continue
+        answer = session.outputs.get(call_id)
+        refused = answer is not None and answer.startswith(REFUSED_PREFIX)
+        events.append(
+            {
+                "type": "tool_call",
+                "id": call_id,
+                "tool": call.get("name"),
+                "input": clip(call.get("arguments", call.get("input"))),
+                "refused": refused,
+            }
+        )
+        if answer is not None:
+            events.append(
+                {"type": "tool_result", "id": call_id, "is_error": refused, "content": clip(answer)}
+            )
+    return events
 
 
 def session_file(codex_home: Path) -> Path | None:
@@ -450,7 +500,10 @@ def live_cost(model: str) -> Callable[[dict[str, Any]], float | None]:
         if not isinstance(total, dict):
             return None
         return estimate_cost(
-            model, as_int(total.get("input_tokens")), as_int(total.get("output_tokens"))
+            model,
+            as_int(total.get("input_tokens")),
+            as_int(total.get("output_tokens")),
+            as_int(total.get("cached_input_tokens")),
         )
 
     return cost_of
@@ -510,16 +563,16 @@ def to_run(
     digests: dict[str, str | None],
     budget_stopped: bool,
 ) -> AgentRun:
-    events = list(output.events)
+    events = [*output.events, *calls_not_shown(session)]
     model = session.model or ctx.model
     for n, response in enumerate(session.responses, start=1):
-        events.append({"type": "turn", "n": n, "response_id": response, "model": model})
-    turns = len(session.responses) or output.turns_completed
-    if output.turns_completed:
-        tokens_in, tokens_out = output.tokens_in, output.tokens_out
-    else:
-        tokens_in, tokens_out = session.total_tokens or (0, 0)  # killed before turn.completed
-    cost = estimate_cost(model, tokens_in, tokens_out)
+        used = session.usage.get(response, (0, 0, 0))
+        events.append(turn_event(n, model, *used, response_id=response))
+    turns, tokens = turn_totals(events)
+    if not turns:  # no session file: what the exec's own output says
+        turns = output.turns_completed
+        tokens = (output.tokens_in, output.tokens_out, output.cached_in)
+    cost = estimate_cost(model, *tokens[:2], tokens[2])
     events.append(
         {
             "type": "note",
@@ -535,7 +588,7 @@ def to_run(
         result,
         events=events,
         turns=turns,
-        tokens=(tokens_in, tokens_out),
+        tokens=tokens,
         cost_usd=cost or 0.0,
         fingerprint=fingerprint(ctx, session, tools, digests),
         error=ending_error("Codex", ctx, result, budget_stopped=budget_stopped, reported=reported),

@@ -21,10 +21,13 @@ It runs ``mini --yolo --exit-immediately`` in the trial's clone with:
   ``PATH``): ``mini`` of a virtualenv, whose directory is mounted read-only at
   the same path (and its base interpreter, when the sandbox does not show it).
 
-The trace is the trajectory: per model response a ``turn`` (with the model
-the API reported), its ``message`` text, a ``tool_call`` per bash action and
-its ``tool_result``, ``usage`` (tokens and litellm's cost), format errors,
-and the ``exit`` status. The cost is mini-swe-agent's own
+The trace is the trajectory: per model response a ``turn`` (the model the API
+reported, its tokens with the cached ones apart, litellm's cost), its
+``reasoning`` and ``message`` text, a ``tool_call`` per bash action and its
+``tool_result``, format errors, and the ``exit`` status. A response without
+a tool call is a turn too (mini keeps it in the ``FormatError`` message it
+answers with), and the calls of a response mini refused are ``tool_call``
+events marked ``refused``; the run's totals are the sum of the turns. The cost is mini-swe-agent's own
 (``info.model_stats.instance_cost``; 0 when litellm has no price for the
 model, with a note). The turn-1 fingerprint takes ``cli_version`` from the
 trajectory's ``mini_version``, the model from the first response, the tools
@@ -61,6 +64,7 @@ from hangar_dagster.trials.agents.run_common import (
     clip,
     ending_error,
     reported_by_cli,
+    turn_event,
 )
 from hangar_dagster.trials.model_proxy import (
     EGRESS_NAME,
@@ -114,6 +118,7 @@ class Trajectory:
     turns: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cached_in: int = 0
     first_prompt: str = ""  # the first user message: the task as mini rendered it
 
 
@@ -124,16 +129,51 @@ def _content(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _assistant(traj: Trajectory, message: dict[str, Any], extra: dict[str, Any]) -> None:
+def _turn(traj: Trajectory, message: dict[str, Any] | None, extra: dict[str, Any]) -> None:
+    """One model response: its ``turn`` (tokens, cached ones apart, and litellm's cost),
+    ``reasoning``, ``message`` and a ``tool_call`` per action. ``message`` is the assistant
+    message, or None for a response mini refused (no tool call: a FormatError), whose message
+    is only in ``extra.response``."""
     response = _dict(extra.get("response"))
     model = response.get("model") if isinstance(response.get("model"), str) else None
     usage = _dict(response.get("usage"))
+    tokens_in, tokens_out = (
+        as_int(usage.get("prompt_tokens")),
+        as_int(usage.get("completion_tokens")),
+    )
+    cached_in = as_int(_dict(usage.get("prompt_tokens_details")).get("cached_tokens"))
     traj.turns += 1
+    traj.tokens_in += tokens_in
+    traj.tokens_out += tokens_out
+    traj.cached_in += cached_in
     if traj.first_model is None:
         traj.first_model = model
-    traj.events.append({"type": "turn", "n": traj.turns, "model": model})
+    traj.events.append(
+        turn_event(
+            traj.turns, model, tokens_in, tokens_out, cached_in, cost_usd=_number(extra.get("cost"))
+        )
+    )
+    choices = _list(response.get("choices"))
+    answered = _dict(_dict(choices[0]).get("message")) if choices else {}
+    refused = message is None
+    message = answered if message is None else message
+    reasoning = message.get("reasoning_content") or answered.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        traj.events.append({"type": "reasoning", "text": clip(reasoning)})
     if text := _content(message):
         traj.events.append({"type": "message", "text": clip(text)})
+    if refused:  # mini ran none of its calls (an unknown tool, a bad argument): kept, refused
+        for call in _list(message.get("tool_calls")):
+            function = _dict(_dict(call).get("function"))
+            traj.events.append(
+                {
+                    "type": "tool_call",
+                    "tool": function.get("name"),
+                    "id": _dict(call).get("id"),
+                    "input": clip(function.get("arguments")),
+                    "refused": True,
+                }
+            )
     actions = _list(extra.get("actions"))
     for action in actions:
         if isinstance(action, dict):
@@ -145,20 +185,6 @@ def _assistant(traj: Trajectory, message: dict[str, Any], extra: dict[str, Any])
                     "input": clip(action.get("command")),
                 }
             )
-    tokens_in, tokens_out = (
-        as_int(usage.get("prompt_tokens")),
-        as_int(usage.get("completion_tokens")),
-    )
-    traj.tokens_in += tokens_in
-    traj.tokens_out += tokens_out
-    traj.events.append(
-        {
-            "type": "usage",
-            "tokens_in": tokens_in,
-            "tokens_out": tokens_out,
-            "cost_usd": _number(extra.get("cost")),
-        }
-    )
 
 
 def parse_trajectory(text: str) -> Trajectory:
@@ -188,7 +214,7 @@ def parse_trajectory(text: str) -> Trajectory:
         role = message.get("role")
         extra = _dict(message.get("extra"))
         if role == "assistant":
-            _assistant(traj, message, extra)
+            _turn(traj, message, extra)
         elif role == "tool" or (role == "user" and "returncode" in extra):
             returncode = extra.get("returncode")
             traj.events.append(
@@ -201,6 +227,8 @@ def parse_trajectory(text: str) -> Trajectory:
                 }
             )
         elif role == "user" and extra.get("interrupt_type"):
+            if extra.get("response"):  # a response mini refused: a turn all the same
+                _turn(traj, None, extra)
             traj.events.append(
                 {
                     "type": "interrupt",
@@ -386,7 +414,7 @@ def to_run(
         result,
         events=events,
         turns=traj.turns,
-        tokens=(traj.tokens_in, traj.tokens_out),
+        tokens=(traj.tokens_in, traj.tokens_out, traj.cached_in),
         cost_usd=traj.cost_usd,
         fingerprint=fingerprint(ctx, traj, tools),
         error=error,

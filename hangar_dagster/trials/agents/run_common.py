@@ -111,13 +111,13 @@ def agent_run(
     *,
     events: list[dict[str, Any]],
     turns: int,
-    tokens: tuple[int, int],
+    tokens: tuple[int, int] | tuple[int, int, int],
     cost_usd: float,
     fingerprint: dict[str, Any],
     error: str | None,
     budget_stopped: bool,
 ) -> AgentRun:
-    """The ``AgentRun`` of a finished sandbox run; ``tokens`` is (in, out)."""
+    """The ``AgentRun`` of a finished sandbox run; ``tokens`` is (in, out[, cached in])."""
     output = result.stdout + (f"\n--- stderr ---\n{result.stderr}" if result.stderr else "")
     return AgentRun(
         exit_code=result.exit_code,
@@ -126,9 +126,36 @@ def agent_run(
         turns=turns,
         tokens_in=tokens[0],
         tokens_out=tokens[1],
+        cached_tokens_in=tokens[2] if len(tokens) > 2 else 0,
         cost_usd=cost_usd,
         fingerprint=fingerprint,
         output_tail=output[-TAIL_CHARS:],
         error=error,
         budget_stopped=budget_stopped,
+    )
+
+
+def turn_event(
+    n: int, model: str | None, tokens_in: int, tokens_out: int, cached_in: int, **extra: Any
+) -> dict[str, Any]:
+    """One model response in the trace: ``tokens_in`` counts the cached input too,
+    ``cached_tokens_in`` is that cached part."""
+    return {
+        "type": "turn",
+        "n": n,
+        "model": model,
+        **extra,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "cached_tokens_in": cached_in,
+    }
+
+
+def turn_totals(events: list[dict[str, Any]]) -> tuple[int, tuple[int, int, int]]:
+    """(turns, (tokens in, out, cached in)) summed over the ``turn`` events: a trace's totals."""
+    turns = [e for e in events if e.get("type") == "turn"]
+    return len(turns), (
+        sum(as_int(e.get("tokens_in")) for e in turns),
+        sum(as_int(e.get("tokens_out")) for e in turns),
+        sum(as_int(e.get("cached_tokens_in")) for e in turns),
     )

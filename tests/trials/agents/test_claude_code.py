@@ -153,7 +153,7 @@ def test_stream_parser_counts_messages_once_and_cuts_nothing_it_needs() -> None:
     kinds = [e["type"] for e in stream.events]
     assert kinds == ["init", "turn", "message", "tool_call", "tool_result", "raw"]
     assert stream.events[0]["tools"] == ["Bash", "Write"]
-    assert stream.first_model == "m-2" and stream.messages == {"a": (5, 1)}
+    assert stream.first_model == "m-2" and stream.messages == {"a": (5, 1, 0, 0)}
 
 
 def test_turns_count_model_responses_not_tool_results_plus_one() -> None:

@@ -120,6 +120,7 @@ def test_chat_completions_dialect_streams_tool_calls_in_the_openai_shape() -> No
         "prompt_tokens": 100,
         "completion_tokens": 20,
         "total_tokens": 120,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert plain["model"] == "other-model" and plain["object"] == "chat.completion"
     assert plain["choices"][0] == {
