@@ -262,29 +262,12 @@ def ui_answers(home: Path) -> bool:
         return False
 
 
-# The test instance dequeues queued runs every second, not Dagster's 5: every stage run a
-# test's daemon launches waits in the queue (docs/performance.md, "The whole suite's time").
-TEST_DEQUEUE_S = 1
-
-
-def seed_test_instance(home: Path) -> None:
-    """Write (or amend) ``home``'s dagster.yaml as hangar ships it, with the test's dequeue interval."""
-    from hangar_dagster.orchestration.instance import SHIPPED_YAML
-
-    cfg = home / "dagster" / "dagster.yaml"
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    data = yaml.safe_load(cfg.read_text() if cfg.exists() else SHIPPED_YAML.read_text())
-    data["run_coordinator"]["config"]["dequeue_interval_seconds"] = TEST_DEQUEUE_S
-    cfg.write_text(yaml.safe_dump(data))
-
-
 def start_ui(
     home: Path, log: Path, env: dict[str, str] | None = None, seconds: float = 300
 ) -> subprocess.Popen[bytes]:
     """`hangar ui` as an operator's shell starts it (a process group of its own), once it answers."""
     import time
 
-    seed_test_instance(home)
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("hangar")), "ui", "--port", str(free_port())],
         env=cli_env(home) | (env or {}),
@@ -295,7 +278,7 @@ def start_ui(
     deadline = time.monotonic() + seconds
     while not ui_answers(home):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.25)
+        time.sleep(1)
     return proc
 
 

@@ -68,7 +68,7 @@ def submit_and_wait_for_the_sleeping_trial(
     deadline = time.monotonic() + SLOW_S
     while not sleeping_trial(ui):
         assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-        time.sleep(1)
+        time.sleep(2)
     [run] = trials_runs(home, experiment_id)
     return home, log, experiment_id, ui, run
 
@@ -90,7 +90,7 @@ def test_a_killed_run_worker_is_detected_and_its_stage_retried_by_the_sensor(
             assert ui.poll() is None and time.monotonic() < deadline, (
                 f"{attempts(home)}\n{log.read_text()[-4000:]}"
             )
-            time.sleep(1)
+            time.sleep(2)
         assert [p for p in sandbox if alive(p)] == [], "the sandbox outlived its worker"
         runs = {r.run_id: r for r in trials_runs(home, experiment_id)}
         assert runs[first.run_id].status == dg.DagsterRunStatus.FAILURE

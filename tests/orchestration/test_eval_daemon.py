@@ -63,7 +63,7 @@ def wait_for(
         rows = attempts(home)
         if done(rows):  # type: ignore[operator]
             return rows
-        time.sleep(1)
+        time.sleep(2)
     raise AssertionError(f"timed out; attempts: {attempts(home)}\n{log.read_text()[-4000:]}")
 
 
@@ -95,7 +95,7 @@ def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
         deadline = time.monotonic() + SLOW_S
         while not setup_done(home, experiment_id):
             assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(1)
+            time.sleep(2)
         assert attempts(home) == []
     finally:
         stop_ui(ui)
