@@ -18,8 +18,7 @@ DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
 def test_deploy_instance_yaml_validates_against_dagsters_instance_schema(monkeypatch) -> None:
     from dagster._core.instance.config import dagster_instance_config
 
-    monkeypatch.setenv("HANGAR_PG_HOST", "postgres")
-    monkeypatch.setenv("HANGAR_PG_PORT", "5432")
+    monkeypatch.setenv("HANGAR_PG_URL", "postgresql+psycopg2://hangar@postgres:5432/dagster")
     monkeypatch.setenv("HANGAR_DEPLOY_NETWORK", "hangar_default")
     config, _ = dagster_instance_config(str(DOCKER))  # raises on a schema error
     assert config["run_launcher"]["class"] == "DockerRunLauncher"
