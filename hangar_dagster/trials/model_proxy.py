@@ -74,7 +74,7 @@ BODY_CAP = 64_000  # characters of a request body kept in the egress log: head a
 MAX_REQUEST = 50_000_000  # bytes of a request body the proxy accepts
 UPSTREAM_TIMEOUT_S = 600.0
 RESPONSE_PEEK = 2_000_000  # bytes of a 2xx answer kept to read its model and check it is whole
-# The proxy stops the agent after this many 5xx/429 answers in a row, or at the first 401/403:
+# The proxy stops the agent after this many 5xx/429 (or cut/malformed) answers in a row, or at the first 401/403:
 # a CLI's own retries (minutes, for some) would only hold the trial against a dead provider.
 GIVE_UP_AFTER = 3
 # How each streaming dialect says a response is complete; a stream ending before it was cut.
@@ -397,7 +397,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             duration_s=round(time.monotonic() - started, 3),
         )
         proxy.egress.write(entry)
-        proxy.note(upstream.status)
+        proxy.note(upstream.status, bool(entry.get("stream_error") or entry.get("error")))
 
     def _fail(
         self, status: int, message: str, entry: dict[str, Any], started: float, sent: int
@@ -447,10 +447,12 @@ class ModelProxy:
         self._failing = 0
         self._count_lock = threading.Lock()
 
-    def note(self, status: int) -> None:
-        """Count one answer: the first 401/403, or GIVE_UP_AFTER 5xx/429 in a row, give up."""
+    def note(self, status: int, broken: bool = False) -> None:
+        """Count one answer: the first 401/403, or GIVE_UP_AFTER 5xx/429/broken answers in a
+        row, give up."""
         with self._count_lock:
-            self._failing = self._failing + 1 if status == 429 or status >= 500 else 0
+            failed = broken or status == 429 or status >= 500
+            self._failing = self._failing + 1 if failed else 0
             if status in (401, 403) or self._failing >= GIVE_UP_AFTER:
                 self.gave_up.set()
 

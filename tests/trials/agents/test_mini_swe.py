@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -34,6 +35,7 @@ from hangar_dagster.trials.agents.mini_swe import (
     parse_trajectory,
     task_text,
 )
+from hangar_dagster.trials.model_proxy import EGRESS_NAME, first_response_model, provider_failure
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
@@ -298,3 +300,59 @@ def test_a_real_mini_trial_is_graded_on_its_edit(
     assert art / "egress.jsonl" in files and art / "agent.log" in files
     for f in files:
         assert SECRET not in f.read_text(errors="replace"), f
+
+
+@needs_bwrap
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("503", "provider_5xx"),
+        ("429", "rate_limit"),
+        ("401", "auth"),
+        ("cut", "provider_stream"),
+        ("malformed", "provider_stream"),
+    ],
+)
+def test_a_provider_fault_against_real_mini_is_named_by_the_proxy_within_60s(
+    fault: str, reason: str, mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    lock = make_lock(tmp_path)
+    clone, _ = make_clone(tmp_path)
+    with ScriptedEndpoint(fix_calc_script(), MODEL) as endpoint:
+        endpoint.fault = fault
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        ctx = context(tmp_path, lock, clone)
+        started = time.monotonic()
+        run = get_agent("mini-swe-agent").run(ctx)
+        elapsed = time.monotonic() - started
+    assert run.error is not None, run.output_tail
+    # What the trial decides from (trial._finish): the proxy's log wins over the CLI's exit.
+    found = provider_failure((ctx.out_dir / EGRESS_NAME).read_text())
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+
+
+@needs_bwrap
+def test_real_mini_answered_by_another_model_drifts_by_the_proxy(
+    mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    lock = make_lock(tmp_path)
+    clone, _ = make_clone(tmp_path)
+    script = Script(
+        [
+            Reply(
+                text="THOUGHT: done.",
+                model="gpt-other",
+                tool_calls=(ToolCall("bash", {"command": SUBMIT}),),
+            )
+        ]
+    )
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        ctx = context(tmp_path, lock, clone)
+        get_agent("mini-swe-agent").run(ctx)
+    assert first_response_model((ctx.out_dir / EGRESS_NAME).read_text(), MODEL) == "gpt-other"
