@@ -27,11 +27,19 @@ from hangar_dagster.trials.agents.codex import (
     parse_exec_json,
     parse_session,
 )
+from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+from tests.trials.agents.cli_locks import (
+    FAULTS,
+    INSTRUCTIONS,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+    run_against,
+)
 
 SAMPLES = Path(__file__).parent / "samples"
 PACKAGE = "@openai/codex"
@@ -278,3 +286,42 @@ def test_experiment_runs_real_codex_and_grades_its_edit(
     for f in (home / "artifacts").rglob("*"):
         if f.is_file():
             assert SECRET not in f.read_text(errors="replace"), f
+
+
+@needs_bwrap
+@pytest.mark.parametrize(("fault", "reason"), FAULTS)
+def test_a_provider_fault_against_real_codex_is_named_by_the_proxy_within_60s(
+    fault: str, reason: str, codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    run, log, elapsed = run_against(
+        "codex", ctx, fix_calc_script(), MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch, fault
+    )
+    assert run.error is not None, run.output_tail
+    found = provider_failure(log)  # what trial._finish decides from, over the CLI's exit
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+
+
+@needs_bwrap
+def test_real_codex_answered_by_another_model_is_turn_one_of_that_model(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Codex's session file echoes its config's model; the proxy saw what the provider said.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    script = Script([Reply(text="done", model="gpt-other")])
+    run, log, _ = run_against("codex", ctx, script, MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch)
+    assert run.fingerprint.get("model") == MODEL  # the echo the trial no longer trusts
+    assert first_response_model(log, MODEL) == "gpt-other"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -35,19 +34,27 @@ from hangar_dagster.trials.agents.mini_swe import (
     parse_trajectory,
     task_text,
 )
-from hangar_dagster.trials.model_proxy import EGRESS_NAME, first_response_model, provider_failure
+from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
 from tests.conftest import write_spec
 from tests.gitfixtures import make_clone
-from tests.trials.agents.cli_locks import INSTRUCTIONS, cli_context, freeze_cli_lock, median_spec
+from tests.trials.agents.cli_locks import (
+    FAULTS,
+    INSTRUCTIONS,
+    cli_context,
+    freeze_cli_lock,
+    median_spec,
+    run_against,
+)
 
 SAMPLES = Path(__file__).parent / "samples"
 PACKAGE = "mini-swe-agent"
 VERSION = VERSIONS[PACKAGE]
 MODEL = "gpt-5-2025-08-07"
 SECRET = "sk-proj-test-1111-not-a-real-key-but-secret"
+BASE_VAR = "HANGAR_OPENAI_BASE_URL"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 pytestmark = pytest.mark.integration
@@ -303,33 +310,23 @@ def test_a_real_mini_trial_is_graded_on_its_edit(
 
 
 @needs_bwrap
-@pytest.mark.parametrize(
-    ("fault", "reason"),
-    [
-        ("503", "provider_5xx"),
-        ("429", "rate_limit"),
-        ("401", "auth"),
-        ("cut", "provider_stream"),
-        ("malformed", "provider_stream"),
-    ],
-)
+@pytest.mark.parametrize(("fault", "reason"), FAULTS)
 def test_a_provider_fault_against_real_mini_is_named_by_the_proxy_within_60s(
     fault: str, reason: str, mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
-    lock = make_lock(tmp_path)
-    clone, _ = make_clone(tmp_path)
-    with ScriptedEndpoint(fix_calc_script(), MODEL) as endpoint:
-        endpoint.fault = fault
-        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
-        ctx = context(tmp_path, lock, clone)
-        started = time.monotonic()
-        run = get_agent("mini-swe-agent").run(ctx)
-        elapsed = time.monotonic() - started
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    run, log, elapsed = run_against(
+        "mini-swe-agent", ctx, fix_calc_script(), MODEL, BASE_VAR, monkeypatch, fault
+    )
     assert run.error is not None, run.output_tail
     # What the trial decides from (trial._finish): the proxy's log wins over the CLI's exit.
-    found = provider_failure((ctx.out_dir / EGRESS_NAME).read_text())
+    found = provider_failure(log)
     assert found is not None and found[0] == reason, (found, run.error)
     assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
 
@@ -340,19 +337,11 @@ def test_real_mini_answered_by_another_model_drifts_by_the_proxy(
 ) -> None:
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
-    lock = make_lock(tmp_path)
-    clone, _ = make_clone(tmp_path)
-    script = Script(
-        [
-            Reply(
-                text="THOUGHT: done.",
-                model="gpt-other",
-                tool_calls=(ToolCall("bash", {"command": SUBMIT}),),
-            )
-        ]
-    )
-    with ScriptedEndpoint(script, MODEL) as endpoint:
-        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
-        ctx = context(tmp_path, lock, clone)
-        get_agent("mini-swe-agent").run(ctx)
-    assert first_response_model((ctx.out_dir / EGRESS_NAME).read_text(), MODEL) == "gpt-other"
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    other = Reply(text="THOUGHT: done.", model="gpt-other", tool_calls=bash(SUBMIT).tool_calls)
+    _, log, _ = run_against("mini-swe-agent", ctx, Script([other]), MODEL, BASE_VAR, monkeypatch)
+    assert first_response_model(log, MODEL) == "gpt-other"
