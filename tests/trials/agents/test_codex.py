@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.queue.retries import plan_retries
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext, get_agent
 from hangar_dagster.trials.agents.codex import (
@@ -28,6 +31,7 @@ from hangar_dagster.trials.agents.codex import (
     parse_session,
 )
 from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
+from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
@@ -325,3 +329,28 @@ def test_real_codex_answered_by_another_model_is_turn_one_of_that_model(
     run, log, _ = run_against("codex", ctx, script, MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch)
     assert run.fingerprint.get("model") == MODEL  # the echo the trial no longer trusts
     assert first_response_model(log, MODEL) == "gpt-other"
+
+
+@needs_bwrap
+def test_real_codex_answered_by_another_model_ends_the_trial_as_drift_never_retried(
+    codex_bin: Path,
+    example_dir: Path,
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: Codex's session file echoes its config's model, so a provider answering
+    # another model ended `completed`, drift none. The proxy's record of the answer decides.
+    lock = make_lock(tmp_path, "codex-drift")
+    spec = median_spec(example_dir, tmp_path, "codex-drift", {"drift": lock}, MEMORY_MB)
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    (key,) = exp.trial_keys()
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    script = Script([Reply(text="Nothing to change.", model="gpt-other")])
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        record, _ = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env())
+    assert (record.outcome_class, record.infra_reason) == ("infra_error", "drift"), record.error
+    assert record.drift is not None and "gpt-other" in record.drift
+    plan = plan_retries([record], 1, Settings.from_env().infra_retries)
+    assert plan.retries == []
