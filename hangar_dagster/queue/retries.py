@@ -37,6 +37,7 @@ INFRA_REASONS: dict[str, str] = {
     "preempted": "its node was preempted",
     "provider_5xx": "the model provider answered 5xx",
     "rate_limit": "the provider rate-limited it past its harness's own retries",
+    "provider_stream": "the provider's answer was cut off mid-stream or malformed",
     "auth": "the provider refused the orchestrator's API key (401/403)",
     "control_plane_restart": "a restart of the Dagster daemon or run worker cut it off",
 }

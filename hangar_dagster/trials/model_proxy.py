@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -73,6 +73,12 @@ EGRESS_NAME = "egress.jsonl"
 BODY_CAP = 64_000  # characters of a request body kept in the egress log: head and tail
 MAX_REQUEST = 50_000_000  # bytes of a request body the proxy accepts
 UPSTREAM_TIMEOUT_S = 600.0
+RESPONSE_PEEK = 2_000_000  # bytes of a 2xx answer kept to read its model and check it is whole
+# The proxy stops the agent after this many 5xx/429 (or cut/malformed) answers in a row, or at the first 401/403:
+# a CLI's own retries (minutes, for some) would only hold the trial against a dead provider.
+GIVE_UP_AFTER = 3
+# How each streaming dialect says a response is complete; a stream ending before it was cut.
+STREAM_ENDS = ("message_stop", "[DONE]", "response.completed", "response.incomplete")
 # Credentials the agent may send: dropped, the proxy sets the real one.
 AUTH_HEADERS = {"x-api-key", "authorization", "api-key"}
 HOP_BY_HOP = {
@@ -144,8 +150,69 @@ class EgressLog:
                 os.close(fd)
 
 
+def _find_model(obj: Any, depth: int = 0) -> str | None:
+    """The ``model`` an answer names: at its top, or one level in (message_start, response.*)."""
+    if not isinstance(obj, dict) or depth > 2:
+        return None
+    if isinstance(obj.get("model"), str) and obj["model"]:
+        return str(obj["model"])
+    for value in obj.values():
+        if isinstance(value, dict) and (found := _find_model(value, depth + 1)):
+            return found
+    return None
+
+
+def inspect_response(content_type: str, data: bytes, whole: bool) -> tuple[str | None, str | None]:
+    """(the model the answer names, why it is broken) of a 2xx answer's first ``data`` bytes.
+
+    A JSON body must parse; an event stream must reach its dialect's last event
+    (``STREAM_ENDS``). ``whole`` is False when more than was kept came: then only the model
+    is read.
+    """
+    text = data.decode("utf-8", errors="replace")
+    if "text/event-stream" in content_type:
+        model = None
+        for line in text.splitlines():
+            if line.startswith("data:") and model is None:
+                try:
+                    model = _find_model(json.loads(line[5:].strip()))
+                except ValueError:
+                    pass
+        ended = any(end in text for end in STREAM_ENDS)
+        return model, None if ended or not whole else "the event stream ended before its last event"
+    if "json" in content_type:
+        if not whole:
+            return None, None
+        try:
+            return _find_model(json.loads(text)), None
+        except ValueError:
+            return None, "the body is not valid JSON"
+    return None, None
+
+
+def first_response_model(egress_text: str, asked: str | None = None) -> str | None:
+    """The model the provider's first answer named, from the proxy's log.
+
+    The first answer to a request for ``asked`` (the pinned model) when there is one: a CLI's
+    side requests (Claude Code's title model) ask for others. Else the first answer naming any.
+    """
+    answers: list[tuple[str | None, str]] = []
+    for line in egress_text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("response_model"):
+            answers.append((entry.get("request_model"), str(entry["response_model"])))
+    for requested, answered in answers:
+        if asked is not None and requested == asked:
+            return answered
+    return answers[0][1] if answers else None
+
+
 def provider_failure(egress_text: str) -> tuple[str, str] | None:
-    """(infra reason, message) when the provider's last answer was a 5xx, a 429 or a 401/403.
+    """(infra reason, message) when the provider's last answer was a 5xx, a 429, a 401/403,
+    or a 2xx cut off mid-stream or with a malformed body (``provider_stream``).
 
     Asked only of an agent that did not finish well: a CLI retries on its own, so a
     last answer of 5xx or 429 means it gave up on the provider, which is an outage the
@@ -180,6 +247,9 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
     if status >= 500:
         error = f": {last['error']}" if last.get("error") else ""
         return "provider_5xx", f"the provider answered {where} with {status}{error}"
+    if 200 <= status < 300 and (last.get("stream_error") or last.get("error")):
+        broken = last.get("stream_error") or last.get("error")
+        return "provider_stream", f"the provider's answer to {where} was broken: {broken}"
     return None
 
 
@@ -272,6 +342,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         text, clipped = clip_body(body.decode("utf-8", errors="replace"))
         entry.update(request_bytes=len(body), body=text, body_clipped=clipped)
+        try:
+            asked = json.loads(body).get("model") if body else None
+        except (ValueError, AttributeError):
+            asked = None
+        if isinstance(asked, str):
+            entry["request_model"] = asked
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         headers = {k: v for k, v in headers.items() if k.lower() not in AUTH_HEADERS}
         headers.update(proxy.auth_headers())
@@ -289,6 +365,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._fail(502, f"upstream {proxy.upstream} unreachable: {err}", entry, started, 0)
             return
         sent = 0
+        kept = bytearray()
         try:
             self.send_response(upstream.status, upstream.reason)
             for name, value in upstream.getheaders():
@@ -297,6 +374,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             while chunk := upstream.read1(65536):
+                if len(kept) < RESPONSE_PEEK:
+                    kept += chunk[: RESPONSE_PEEK - len(kept)]
                 self.wfile.write(chunk)
                 self.wfile.flush()
                 sent += len(chunk)
@@ -304,12 +383,21 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             entry["error"] = f"stream broken after {sent} bytes: {err}"
         finally:
             conn.close()
+        if 200 <= upstream.status < 300:
+            model, broken = inspect_response(
+                upstream.getheader("Content-Type") or "", bytes(kept), sent <= RESPONSE_PEEK
+            )
+            if model:
+                entry["response_model"] = model
+            if broken:
+                entry["stream_error"] = broken
         entry.update(
             status=upstream.status,
             response_bytes=sent,
             duration_s=round(time.monotonic() - started, 3),
         )
         proxy.egress.write(entry)
+        proxy.note(upstream.status, bool(entry.get("stream_error") or entry.get("error")))
 
     def _fail(
         self, status: int, message: str, entry: dict[str, Any], started: float, sent: int
@@ -334,6 +422,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             duration_s=round(time.monotonic() - started, 3),
         )
         self.server.proxy.egress.write(entry)
+        self.server.proxy.note(status)
 
 
 class _ProxyServer(socketserver.ThreadingUnixStreamServer):
@@ -353,6 +442,19 @@ class ModelProxy:
         self.socket_path = socket_path
         self.egress = EgressLog(egress)
         self._serving: ServerThread[_ProxyServer] | None = None
+        # Set once the provider is taken for dead (GIVE_UP_AFTER): the adapter's sandbox stops.
+        self.gave_up = threading.Event()
+        self._failing = 0
+        self._count_lock = threading.Lock()
+
+    def note(self, status: int, broken: bool = False) -> None:
+        """Count one answer: the first 401/403, or GIVE_UP_AFTER 5xx/429/broken answers in a
+        row, give up."""
+        with self._count_lock:
+            failed = broken or status == 429 or status >= 500
+            self._failing = self._failing + 1 if failed else 0
+            if status in (401, 403) or self._failing >= GIVE_UP_AFTER:
+                self.gave_up.set()
 
     def auth_headers(self) -> dict[str, str]:
         if not self._key:
@@ -382,6 +484,9 @@ class ModelAccess:
     env: dict[str, str]  # placeholder key only; never the real one
     port: int
     socket: str  # the proxy's socket path inside the sandbox
+    # Set by the trial's own cancel (drain, budget) or by the proxy giving up on the provider:
+    # the adapter passes it as SandboxRequest.cancel.
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` started under the in-sandbox forwarder (which listens on ``port`` first)."""
@@ -416,6 +521,16 @@ def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]
     proxy = ModelProxy(provider, upstream, key, socket_path, egress)
     proxy.start()
     port = _free_port()
+    cancel, done = threading.Event(), threading.Event()
+
+    def relay() -> None:  # either cause stops the agent's sandbox
+        while not done.wait(0.2):
+            if ctx.cancel.is_set() or proxy.gave_up.is_set():
+                cancel.set()
+                return
+
+    watcher = threading.Thread(target=relay, name="model-proxy-cancel", daemon=True)
+    watcher.start()
     try:
         yield ModelAccess(
             provider=provider,
@@ -424,8 +539,11 @@ def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]
             env={KEY_VARS[provider]: PLACEHOLDER_KEY},
             port=port,
             socket=f"{SOCKET_MOUNT}/{SOCKET_NAME}",
+            cancel=cancel,
         )
     finally:
+        done.set()
+        watcher.join()
         proxy.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -73,7 +73,7 @@ from hangar_dagster.trials.agents import (
     get_agent,
 )
 from hangar_dagster.trials.agents.install import CliUnavailable
-from hangar_dagster.trials.model_proxy import EGRESS_NAME, provider_failure
+from hangar_dagster.trials.model_proxy import EGRESS_NAME, first_response_model, provider_failure
 from hangar_dagster.trials.redact import redact, secret_values
 from hangar_dagster.trials.sandbox import (
     Sandbox,
@@ -354,6 +354,10 @@ def _finish(
             raise InfraError(*outage)  # the provider failed, not the agent: retried, breaker
     # After the patch (kept for audit), before verify: a drifted run measures nothing.
     state.harness_pins = harness_fingerprint(harness, variant.model)
+    # Turn 1's model is what the provider's first answer named (the proxy saw it), never what
+    # a CLI echoes from its own config (Codex's session file) or error text.
+    if answered := first_response_model(state.egress or "", variant.model):
+        state.run.fingerprint = {**state.run.fingerprint, "model": answered}
     state.drift = check_drift(
         state.harness_pins,
         state.run.fingerprint,

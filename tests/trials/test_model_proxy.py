@@ -19,10 +19,12 @@ from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext
 from hangar_dagster.trials.model_proxy import (
+    GIVE_UP_AFTER,
     PLACEHOLDER_KEY,
     ModelAccessError,
     clip_body,
     first_request_tools,
+    first_response_model,
     model_access,
     provider_failure,
     upstream_url,
@@ -269,3 +271,88 @@ def test_a_provider_that_gave_up_the_agent_is_an_outage_not_a_measurement() -> N
     # The last answer decides: a 5xx the CLI retried past is no outage; nor is no request.
     assert provider_failure("\n".join([busy, ok])) is None
     assert provider_failure("") is None and provider_failure("not json\n") is None
+
+
+def _ask(access: Any, model: str = MODEL) -> tuple[int, str]:
+    (mount,) = access.mounts
+    conn = UnixHTTPConnection(str(mount.source / Path(access.socket).name))
+    conn.request(
+        "POST",
+        "/v1/messages",
+        body=json.dumps({**BODY, "model": model}),
+        headers={"Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = resp.read().decode(errors="replace")
+    conn.close()
+    return resp.status, data
+
+
+def test_the_turn_1_model_is_what_the_provider_answered_not_what_was_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    script = Script([Reply(text="side"), Reply(text="hi", model="claude-other-2026-01-01")])
+    with ScriptedEndpoint(script, MODEL) as ep:
+        monkeypatch.setenv("HANGAR_ANTHROPIC_BASE_URL", ep.base_url)
+        ctx = context(tmp_path)
+        with model_access("anthropic", ctx) as access:
+            assert _ask(access, "claude-haiku-side")[0] == 200  # a side request, answered first
+            assert _ask(access)[0] == 200
+    side, main = egress_lines(ctx)
+    assert main["request_model"] == MODEL and main["response_model"] == "claude-other-2026-01-01"
+    assert "stream_error" not in main and "stream_error" not in side
+    log = (ctx.out_dir / "egress.jsonl").read_text()
+    # The answer to the pinned model's request decides, not the side request answered first.
+    assert first_response_model(log, MODEL) == "claude-other-2026-01-01"
+    assert side["response_model"] == MODEL and first_response_model(log) == MODEL
+    assert provider_failure(log) is None
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("cut", "provider_stream"),
+        ("malformed", "provider_stream"),
+        ("503", "provider_5xx"),
+        ("429", "rate_limit"),
+        ("401", "auth"),
+    ],
+)
+def test_a_provider_fault_is_named_by_the_proxy(
+    fault: str, reason: str, endpoint: ScriptedEndpoint, tmp_path: Path
+) -> None:
+    endpoint.fault = fault
+    ctx = context(tmp_path)
+    with model_access("anthropic", ctx) as access:
+        status, _ = _ask(access)
+    assert status == (200 if not fault.isdigit() else int(fault))
+    found = provider_failure((ctx.out_dir / "egress.jsonl").read_text())
+    assert found is not None and found[0] == reason, found
+
+
+@pytest.mark.parametrize(("fault", "asked"), [("503", 3), ("429", 3), ("401", 1)])
+def test_the_proxy_stops_the_agent_against_a_dead_provider(
+    fault: str, asked: int, endpoint: ScriptedEndpoint, tmp_path: Path
+) -> None:
+    endpoint.fault = fault
+    ctx = context(tmp_path)
+    with model_access("anthropic", ctx) as access:
+        for n in range(1, asked + 1):
+            assert not access.cancel.wait(0.5) or n > asked, f"gave up after {n - 1}"
+            _ask(access)
+        # GIVE_UP_AFTER 5xx/429 in a row, or the first 401: the agent's sandbox is cancelled.
+        assert access.cancel.wait(2)
+    assert len(endpoint.requests) == asked == (1 if fault == "401" else GIVE_UP_AFTER)
+
+
+def test_a_provider_that_recovers_is_not_given_up_on(
+    endpoint: ScriptedEndpoint, tmp_path: Path
+) -> None:
+    ctx = context(tmp_path)
+    with model_access("anthropic", ctx) as access:
+        for _ in range(GIVE_UP_AFTER - 1):
+            endpoint.fault = "503"
+            _ask(access)
+            endpoint.fault = None
+            _ask(access)
+        assert not access.cancel.wait(0.5)

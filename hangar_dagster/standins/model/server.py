@@ -163,6 +163,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if endpoint.api_key is not None and not endpoint.key_matches(self.headers):
             out.send_json(401, error_body("authentication_error", "invalid x-api-key"))
             return
+        if endpoint.fault is not None and path in CONVERSATIONAL:
+            self._fail_as(endpoint.fault, out)
+            return
         handler = endpoint.handler_for(path)
         if handler is None:
             out.send_json(404, error_body("not_found_error", f"no route for {path}"))
@@ -176,6 +179,29 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         if out.streaming:
             out.end()
+
+    def _fail_as(self, fault: str, out: ResponseWriter) -> None:
+        self.close_connection = True
+        if fault.isdigit():
+            out.send_json(int(fault), error_body("api_error", f"scripted fault {fault}"))
+            return
+        cut = fault == "cut"
+        data = (
+            b'event: message_start\ndata: {"type": "message_start", "message": {"model": "x"'
+            if cut
+            else b'{"id": "broken", "model": '
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if cut else "application/json")
+        if not cut:
+            self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+CONVERSATIONAL = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses"})
 
 
 class _Server(ThreadingHTTPServer):
@@ -199,6 +225,10 @@ class ScriptedEndpoint:
         # When set, a request carrying any other key is answered 401, as a provider answers an
         # expired or wrong key (x-api-key, or Authorization: Bearer).
         self.api_key = api_key
+        # When set, every conversational request fails this way (provider-fault tests): an HTTP
+        # status ("503", "429", "401"), "cut" (a 200 event stream broken off before its end) or
+        # "malformed" (a 200 whose JSON body does not parse).
+        self.fault: str | None = None
         self.host = host
         self.port = port
         self.requests: list[dict[str, Any]] = []

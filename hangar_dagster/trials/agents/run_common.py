@@ -47,7 +47,7 @@ def cli_request(
         memory_mb=ctx.memory_mb,
         mounts=[*install, *access.mounts, *grant.mounts, *scratch],
         stdin=stdin,
-        cancel=ctx.cancel,
+        cancel=access.cancel,  # the trial's cancel, or the proxy giving up on the provider
         on_stdout=on_stdout,
     )
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,9 @@ import yaml
 from hangar_dagster.environment.egress import NO_EGRESS
 from hangar_dagster.experiment.harness import HarnessLock, freeze
 from hangar_dagster.settings import Settings
-from hangar_dagster.trials.agents import AgentContext
+from hangar_dagster.standins.model import Script, ScriptedEndpoint
+from hangar_dagster.trials.agents import AgentContext, AgentRun, get_agent
+from hangar_dagster.trials.model_proxy import EGRESS_NAME
 from hangar_dagster.trials.sandbox import get_sandbox
 
 INSTRUCTIONS = "Harness rule: keep every diff minimal.\n"
@@ -113,3 +117,33 @@ def real_cli_env(
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(bin_dir))
     monkeypatch.setenv(key_var, key)
+
+
+FAULTS = [
+    ("503", "provider_5xx"),
+    ("429", "rate_limit"),
+    ("401", "auth"),
+    ("cut", "provider_stream"),
+    ("malformed", "provider_stream"),
+]
+
+
+def run_against(
+    adapter: str,
+    make_ctx: Callable[[], AgentContext],
+    script: Script,
+    model: str,
+    base_url_var: str,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str | None = None,
+) -> tuple[AgentRun, str, float]:
+    """``adapter``'s real CLI against the scripted endpoint (failing as ``fault``): its run, the
+    model proxy's log (what trial._finish classifies from) and the seconds it took."""
+    with ScriptedEndpoint(script, model) as endpoint:
+        endpoint.fault = fault
+        monkeypatch.setenv(base_url_var, endpoint.base_url)
+        ctx = make_ctx()  # its settings read the endpoint's URL
+        started = time.monotonic()
+        run = get_agent(adapter).run(ctx)
+        elapsed = time.monotonic() - started
+    return run, (ctx.out_dir / EGRESS_NAME).read_text(), elapsed

@@ -22,7 +22,7 @@ from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
-from hangar_dagster.trials.agents import get_agent
+from hangar_dagster.trials.agents import AgentContext, get_agent
 from hangar_dagster.trials.agents.claude_code import (
     ClaudeCodeAgent,
     StreamJson,
@@ -30,12 +30,14 @@ from hangar_dagster.trials.agents.claude_code import (
     turns_of,
 )
 from hangar_dagster.trials.agents.install import install_mounts
+from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
+    FAULTS,
     INSTRUCTIONS,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
@@ -43,6 +45,7 @@ from tests.trials.agents.cli_locks import (
     freeze_cli_lock,
     median_spec,
     real_cli_env,
+    run_against,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
@@ -511,3 +514,46 @@ def test_real_claude_code_runs_the_tasks_verify_as_the_verify_step_does(
         run = get_agent("claude-code").run(cli_context(tmp_path, make_lock(tmp_path), clone, MODEL))
     assert run.error is None, run.output_tail
     assert_verify_ran_as_in_verify(run.events)
+
+
+@pytest.mark.parametrize(("fault", "reason"), FAULTS)
+def test_a_provider_fault_against_real_claude_code_is_named_by_the_proxy_within_60s(
+    fault: str, reason: str, claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    lock, clone = make_lock(tmp_path, max_turns=8), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return cli_context(tmp_path, lock, clone, MODEL)
+
+    run, log, elapsed = run_against(
+        "claude-code",
+        ctx,
+        fix_calc_script(),
+        MODEL,
+        "HANGAR_ANTHROPIC_BASE_URL",
+        monkeypatch,
+        fault,
+    )
+    assert run.error is not None, run.output_tail
+    found = provider_failure(log)  # what trial._finish decides from, over the CLI's exit
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+
+
+def test_real_claude_code_answered_by_another_model_is_turn_one_of_that_model(
+    claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    lock, clone = make_lock(tmp_path, max_turns=8), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return cli_context(tmp_path, lock, clone, MODEL)
+
+    script = Script([Reply(text="done", model="claude-other-2026-01-01")])
+    _, log, _ = run_against(
+        "claude-code", ctx, script, MODEL, "HANGAR_ANTHROPIC_BASE_URL", monkeypatch
+    )
+    assert first_response_model(log, MODEL) == "claude-other-2026-01-01"

@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, tree_digest
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.queue.retries import plan_retries
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext, get_agent
 from hangar_dagster.trials.agents.codex import (
@@ -27,11 +30,14 @@ from hangar_dagster.trials.agents.codex import (
     parse_exec_json,
     parse_session,
 )
+from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
+from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
 from tests.conftest import hangar, write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
+    FAULTS,
     INSTRUCTIONS,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
@@ -39,6 +45,7 @@ from tests.trials.agents.cli_locks import (
     freeze_cli_lock,
     median_spec,
     real_cli_env,
+    run_against,
 )
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -352,3 +359,66 @@ def test_a_model_family_codex_does_not_ship_is_refused(
     )
     with pytest.raises(HarnessError, match="codex.model_family 'gpt-1' is not in the bundled"):
         get_agent("codex").run(context(tmp_path, lock, tmp_path))
+
+
+@pytest.mark.parametrize(("fault", "reason"), FAULTS)
+def test_a_provider_fault_against_real_codex_is_named_by_the_proxy_within_60s(
+    fault: str, reason: str, codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    run, log, elapsed = run_against(
+        "codex", ctx, fix_calc_script(), MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch, fault
+    )
+    assert run.error is not None, run.output_tail
+    found = provider_failure(log)  # what trial._finish decides from, over the CLI's exit
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+
+
+@needs_bwrap
+def test_real_codex_answered_by_another_model_is_turn_one_of_that_model(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Codex's session file echoes its config's model; the proxy saw what the provider said.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    script = Script([Reply(text="done", model="gpt-other")])
+    run, log, _ = run_against("codex", ctx, script, MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch)
+    assert run.fingerprint.get("model") == MODEL  # the echo the trial no longer trusts
+    assert first_response_model(log, MODEL) == "gpt-other"
+
+
+@needs_bwrap
+def test_real_codex_answered_by_another_model_ends_the_trial_as_drift_never_retried(
+    codex_bin: Path,
+    example_dir: Path,
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: Codex's session file echoes its config's model, so a provider answering
+    # another model ended `completed`, drift none. The proxy's record of the answer decides.
+    lock = make_lock(tmp_path, "codex-drift")
+    spec = median_spec(example_dir, tmp_path, "codex-drift", {"drift": lock}, MEMORY_MB)
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    (key,) = exp.trial_keys()
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    script = Script([Reply(text="Nothing to change.", model="gpt-other")])
+    with ScriptedEndpoint(script, MODEL) as endpoint:
+        monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
+        record, _ = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env())
+    assert (record.outcome_class, record.infra_reason) == ("infra_error", "drift"), record.error
+    assert record.drift is not None and "gpt-other" in record.drift
+    plan = plan_retries([record], 1, Settings.from_env().infra_retries)
+    assert plan.retries == []

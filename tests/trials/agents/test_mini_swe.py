@@ -34,12 +34,14 @@ from hangar_dagster.trials.agents.mini_swe import (
     parse_trajectory,
     task_text,
 )
+from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
 from tests.conftest import write_spec
 from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
+    FAULTS,
     INSTRUCTIONS,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
@@ -47,6 +49,7 @@ from tests.trials.agents.cli_locks import (
     freeze_cli_lock,
     median_spec,
     real_cli_env,
+    run_against,
 )
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -54,6 +57,7 @@ PACKAGE = "mini-swe-agent"
 VERSION = VERSIONS[PACKAGE]
 MODEL = "gpt-5-2025-08-07"
 SECRET = "sk-proj-test-1111-not-a-real-key-but-secret"
+BASE_VAR = "HANGAR_OPENAI_BASE_URL"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 pytestmark = pytest.mark.integration
@@ -344,3 +348,40 @@ def test_real_mini_through_a_pipx_link_runs_the_tasks_verify_as_the_verify_step_
         run = get_agent("mini-swe-agent").run(context(tmp_path, make_lock(tmp_path), clone))
     assert run.error is None, run.output_tail
     assert_verify_ran_as_in_verify(run.events)
+
+
+@pytest.mark.parametrize(("fault", "reason"), FAULTS)
+def test_a_provider_fault_against_real_mini_is_named_by_the_proxy_within_60s(
+    fault: str, reason: str, mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    run, log, elapsed = run_against(
+        "mini-swe-agent", ctx, fix_calc_script(), MODEL, BASE_VAR, monkeypatch, fault
+    )
+    assert run.error is not None, run.output_tail
+    # What the trial decides from (trial._finish): the proxy's log wins over the CLI's exit.
+    found = provider_failure(log)
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+
+
+@needs_bwrap
+def test_real_mini_answered_by_another_model_drifts_by_the_proxy(
+    mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
+    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return context(tmp_path, lock, clone)
+
+    other = Reply(text="THOUGHT: done.", model="gpt-other", tool_calls=bash(SUBMIT).tool_calls)
+    _, log, _ = run_against("mini-swe-agent", ctx, Script([other]), MODEL, BASE_VAR, monkeypatch)
+    assert first_response_model(log, MODEL) == "gpt-other"

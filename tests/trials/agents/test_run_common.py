@@ -119,7 +119,8 @@ def test_cli_request_runs_under_the_forwarder_with_the_trial_limits(tmp_path: Pa
     assert request.argv[-3:] == ["--", "cli", "-p"] and ["--pair", "9=/s"] == request.argv[3:5]
     assert [m.target for m in request.mounts] == ["/opt/cli", "/sock", "/home"]
     assert (request.workdir, request.env, request.stdin) == (ctx.workdir, {"A": "1"}, b"x")
-    assert (request.timeout_s, request.cancel) == (90, ctx.cancel)
+    # The proxy's cancel (the trial's own, relayed, or the proxy giving up on the provider).
+    assert (request.timeout_s, request.cancel) == (90, access.cancel)
 
 
 def test_cli_request_adds_the_egress_grant_around_the_model_forwarder(tmp_path: Path) -> None:
