@@ -411,9 +411,9 @@ def test_real_codex_answered_by_another_model_ends_the_trial_as_drift_never_retr
     # another model ended `completed`, drift none. The proxy's record of the answer decides.
     lock = make_lock(tmp_path, "codex-drift")
     spec = median_spec(example_dir, tmp_path, "codex-drift", {"drift": lock}, MEMORY_MB)
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))  # submit checks the CLI
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     (key,) = exp.trial_keys()
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
     script = Script([Reply(text="Nothing to change.", model="gpt-other")])
     with ScriptedEndpoint(script, MODEL) as endpoint:
         monkeypatch.setenv("HANGAR_OPENAI_BASE_URL", endpoint.base_url)
