@@ -298,3 +298,30 @@ def test_against_the_skill_as_baseline_the_plain_variant_removes_it(
     assert "skills removed: general-fix" in plain.lines.changed
     assert plain.difference is not None and round(plain.difference.pts, 1) == -33.3
     assert plain.lines.why.startswith("tasks broken: ")  # failures first
+
+
+def test_an_unknown_cost_reads_as_its_estimate_in_the_report_not_as_free(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # item 7 of issue 14: an attempt closed after a restart has cost_usd None and an estimate;
+    # the report's cost line counts the estimate (as the budget does) and says how much of it
+    # is estimated, rather than reading unknown as $0.
+    import dataclasses
+
+    from hangar_dagster.results import report as rep
+
+    exp, store = stored(spec_file(example_dir, "demo"))
+    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    variant = attempts[0].variant
+    before = build_report(exp, store)
+    v0 = next(v for v in before.variants if v.name == variant)
+    known = attempts[0].cost_usd or 0.0
+    unknown = attempts[0].model_copy(update={"cost_usd": None, "cost_estimate_usd": 0.25})
+    # rows only feed the evidence counts; the cost reads every attempt of the variant
+    h = rep._health([], [unknown, *attempts[1:]], variant)
+    assert h.cost_estimated_usd == pytest.approx(0.25)
+    assert h.cost_usd == pytest.approx(v0.health.cost_usd - known + 0.25)
+    line = rep._health_lines(dataclasses.replace(v0, health=h))[-1]
+    assert "($0.2500 of it estimated: costs unknown)" in line
+    # and with every cost known, no estimate is claimed
+    assert "estimated" not in rep._health_lines(v0)[-1]
