@@ -38,7 +38,19 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 _NAME = re.compile(NAME_PATTERN)
 _REF = re.compile(rf"({NAME_PATTERN})@sha256:([0-9a-f]{{64}})")
 # overlay: {base, fields}, written by overlay.py on the harness it builds from an overlay variant.
-_TOP_FIELDS = ("name", "description", "agent", "model", "approvals", "instructions", "overlay")
+_TOP_FIELDS = (
+    "name",
+    "description",
+    "agent",
+    "model",
+    "approvals",
+    "instructions",
+    "overlay",
+    "provider_retries",
+)
+# provider_retries: the CLI's own retry count and request timeout, set through each CLI's own
+# knobs (docs/architecture.md, "Bounded time against a dead provider"); field -> (low, high).
+PROVIDER_RETRY_FIELDS = {"max_retries": (0, 20), "timeout_s": (1, 3600)}
 _AGENT_FIELDS = ("adapter", "cli", "version", "command", "tools")
 _DIRS = ("skills", "plugins")
 
@@ -169,6 +181,8 @@ def validate_config(root: Path, data: Any) -> dict[str, Any]:
     _text(manifest, "model", data["model"], "claude-sonnet-4-5-20250929, or balanced / frontier")
     if "approvals" in data:
         _text(manifest, "approvals", data["approvals"], "full-auto")
+    if "provider_retries" in data:
+        _provider_retries(manifest, data["provider_retries"])
     if "description" in data and not isinstance(data["description"], str):
         raise HarnessError(f"{manifest}: description must be a string")
     if "overlay" in data and not isinstance(data["overlay"], dict):
@@ -185,6 +199,27 @@ def validate_config(root: Path, data: Any) -> dict[str, Any]:
         if (root / name).exists() and not (root / name).is_dir():
             raise HarnessError(f"{root / name}: {name}/ must be a directory (one folder per entry)")
     return data
+
+
+def _provider_retries(manifest: Path, value: Any) -> None:
+    example = "{max_retries: 2, timeout_s: 60}"
+    if not isinstance(value, dict) or not value:
+        raise HarnessError(f"{manifest}: provider_retries must be a mapping, e.g. {example}")
+    unknown = sorted(set(value) - set(PROVIDER_RETRY_FIELDS))
+    if unknown:
+        raise HarnessError(
+            f"{manifest}: unknown provider_retries field(s) {', '.join(map(str, unknown))}; "
+            f"it takes {', '.join(PROVIDER_RETRY_FIELDS)}, e.g. {example}"
+        )
+    for field, (low, high) in PROVIDER_RETRY_FIELDS.items():
+        number = value.get(field)
+        if field in value and (
+            isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high
+        ):
+            raise HarnessError(
+                f"{manifest}: provider_retries.{field} must be a whole number from {low} to "
+                f"{high}, not {number!r}"
+            )
 
 
 def _load(file: Path) -> Any:

@@ -75,3 +75,28 @@ def test_duplicate_cli_pin_is_refused_naming_the_file(tmp_path: Path) -> None:
         read_cli_pins(tmp_path)
     assert str(tmp_path / "harnesses.lock.yaml") in str(info.value)
     assert "duplicate key 'claude'" in str(info.value)
+
+
+def test_provider_retries_freeze_into_the_lock(tmp_path: Path) -> None:
+    text = GOOD + "provider_retries: {max_retries: 2, timeout_s: 60}\n"
+    lock = freeze(harness(tmp_path, text), tmp_path / "registry")
+    assert lock.config["provider_retries"] == {"max_retries": 2, "timeout_s": 60}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("{max_retries: true}", "provider_retries.max_retries must be a whole number from 0 to 20"),
+        ("{max_retries: 21}", "provider_retries.max_retries must be a whole number from 0 to 20"),
+        ("{timeout_s: 0}", "provider_retries.timeout_s must be a whole number from 1 to 3600"),
+        ("{timeout_s: 1.5}", "provider_retries.timeout_s must be a whole number from 1 to 3600"),
+        ("{retries: 2}", "unknown provider_retries field(s) retries"),
+        ("3", "provider_retries must be a mapping"),
+    ],
+)
+def test_bad_provider_retries_are_refused_naming_the_field(
+    tmp_path: Path, value: str, named: str
+) -> None:
+    src = harness(tmp_path, GOOD + f"provider_retries: {value}\n")
+    with pytest.raises(HarnessError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        freeze(src, tmp_path / "registry")

@@ -64,6 +64,7 @@ from hangar_dagster.trials.agents.run_common import (
     cli_request,
     clip,
     ending_error,
+    provider_retries,
     reported_by_cli,
     turn_event,
     turn_totals,
@@ -187,6 +188,17 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        **retry_env(ctx),
+    }
+
+
+def retry_env(ctx: AgentContext) -> dict[str, str]:
+    """The lock's provider_retries as Claude Code's own knobs (its retries per request and the
+    request timeout); nothing where the lock sets none."""
+    retries, timeout_s = provider_retries(ctx)
+    return {
+        **({"CLAUDE_CODE_MAX_RETRIES": str(retries)} if retries is not None else {}),
+        **({"API_TIMEOUT_MS": str(timeout_s * 1000)} if timeout_s is not None else {}),
     }
 
 

@@ -74,6 +74,7 @@ from hangar_dagster.trials.agents.run_common import (
     cli_request,
     clip,
     ending_error,
+    provider_retries,
     reported_by_cli,
     turn_event,
     turn_totals,
@@ -439,9 +440,24 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def config_toml(model: str, base_url: str, catalog: str | None = None) -> str:
+def config_toml(
+    model: str,
+    base_url: str,
+    catalog: str | None = None,
+    retries: tuple[int | None, int | None] = (None, None),
+) -> str:
     """CODEX_HOME/config.toml: the model and the one provider, through hangar's model proxy;
-    ``catalog``: the in-sandbox path of a model catalog (``catalog_for``)."""
+    ``catalog``: the in-sandbox path of a model catalog (``catalog_for``); ``retries``: the
+    lock's provider_retries (max_retries, timeout_s) as the provider's own retry knobs."""
+    max_retries, timeout_s = retries
+    knobs = [
+        *(
+            [f"request_max_retries = {max_retries}", f"stream_max_retries = {max_retries}"]
+            if max_retries is not None
+            else []
+        ),
+        *([f"stream_idle_timeout_ms = {timeout_s * 1000}"] if timeout_s is not None else []),
+    ]
     return "\n".join(
         [
             *([f"model_catalog_json = {_toml_string(catalog)}"] if catalog else []),
@@ -454,6 +470,7 @@ def config_toml(model: str, base_url: str, catalog: str | None = None) -> str:
             f"base_url = {_toml_string(base_url.rstrip('/') + '/v1')}",
             'env_key = "OPENAI_API_KEY"',
             'wire_api = "responses"',
+            *knobs,
             "",
         ]
     )
@@ -617,7 +634,7 @@ class CodexAgent(Agent):
             (codex_home / CATALOG_NAME).write_text(json.dumps({"models": catalog}))
             catalog_path = f"{HOME_MOUNT}/{CODEX_DIR}/{CATALOG_NAME}"
         with model_access("openai", ctx) as access:
-            config = config_toml(ctx.model, access.base_url, catalog_path)
+            config = config_toml(ctx.model, access.base_url, catalog_path, provider_retries(ctx))
             (codex_home / "config.toml").write_text(config)
             # Codex's stdout has usage only at the end of the exec; the budget
             # follows the session file, which has token counts after each response.

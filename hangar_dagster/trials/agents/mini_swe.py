@@ -63,6 +63,7 @@ from hangar_dagster.trials.agents.run_common import (
     cli_request,
     clip,
     ending_error,
+    provider_retries,
     reported_by_cli,
     turn_event,
 )
@@ -309,10 +310,17 @@ def task_text(ctx: AgentContext) -> str:
 
 
 def hangar_config(ctx: AgentContext, base_url: str) -> str:
+    retries, timeout_s = provider_retries(ctx)
+    kwargs: dict[str, Any] = {"api_base": base_url.rstrip("/") + "/v1"}
+    # litellm hands these to the provider client, which retries on its own (2 by default).
+    if retries is not None:
+        kwargs["max_retries"] = retries
+    if timeout_s is not None:
+        kwargs["timeout"] = timeout_s
     return yaml.safe_dump(
         {
             "run": {"task": task_text(ctx)},
-            "model": {"model_kwargs": {"api_base": base_url.rstrip("/") + "/v1"}},
+            "model": {"model_kwargs": kwargs},
         },
         sort_keys=False,
     )
@@ -354,7 +362,18 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
         "MSWEA_COST_TRACKING": "ignore_errors",
         # litellm would fetch its price list from the internet at import.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        **retry_env(ctx),
     }
+
+
+def retry_env(ctx: AgentContext) -> dict[str, str]:
+    """The lock's provider_retries as mini-swe-agent's own loop: tenacity around litellm counts
+    attempts (retries + 1). The provider client's own retries and timeout are set through
+    litellm's model_kwargs (``hangar_config``)."""
+    retries, _ = provider_retries(ctx)
+    if retries is None:
+        return {}
+    return {"MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(retries + 1)}
 
 
 # ---- the run -------------------------------------------------------------------------

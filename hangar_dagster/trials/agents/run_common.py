@@ -52,6 +52,17 @@ def cli_request(
     )
 
 
+def provider_retries(ctx: AgentContext) -> tuple[int | None, int | None]:
+    """The lock's ``provider_retries``: (max_retries, timeout_s), None where it sets none (the
+    CLI's own default then; the model proxy bounds a dead provider either way)."""
+    raw = ctx.harness.config.get("provider_retries") or {}
+    retries, timeout = raw.get("max_retries"), raw.get("timeout_s")
+    return (
+        retries if isinstance(retries, int) else None,
+        timeout if isinstance(timeout, int) else None,
+    )
+
+
 def clip(value: Any) -> Any:
     """``value`` unchanged, or its text cut to ``TEXT_CHARS`` saying how much was cut."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -147,3 +148,19 @@ def run_against(
         run = get_agent(adapter).run(ctx)
         elapsed = time.monotonic() - started
     return run, (ctx.out_dir / EGRESS_NAME).read_text(), elapsed
+
+
+# A lock that lets its CLI make no retry of its own, and what the proxy then saw.
+NO_RETRIES = {"max_retries": 0, "timeout_s": 30}
+
+
+def failed_answers(egress_text: str) -> int:
+    """How many 5xx answers the model proxy passed on (its own lines, not the egress proxy's)."""
+    entries = [json.loads(line) for line in egress_text.splitlines() if line.strip()]
+    return sum(
+        1
+        for e in entries
+        if e.get("source") != "egress-proxy"
+        and isinstance(e.get("status"), int)
+        and e["status"] >= 500
+    )

@@ -39,9 +39,11 @@ from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
     FAULTS,
     INSTRUCTIONS,
+    NO_RETRIES,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
     cli_context,
+    failed_answers,
     freeze_cli_lock,
     median_spec,
     real_cli_env,
@@ -557,3 +559,37 @@ def test_real_claude_code_answered_by_another_model_is_turn_one_of_that_model(
         "claude-code", ctx, script, MODEL, "HANGAR_ANTHROPIC_BASE_URL", monkeypatch
     )
     assert first_response_model(log, MODEL) == "claude-other-2026-01-01"
+
+
+def test_the_locks_provider_retries_reach_real_claude_codes_own_retry_knob(
+    claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without it the CLI retried a 503 on its own until the proxy stopped it (GIVE_UP_AFTER);
+    # max_retries 0 through CLAUDE_CODE_MAX_RETRIES leaves one request.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
+    agent = {"adapter": "claude-code", "cli": "claude", "version": VERSION}
+    lock = freeze_cli_lock(
+        tmp_path,
+        "claude_code-retries",
+        agent,
+        MODEL,
+        approvals="full-auto",
+        provider_retries=NO_RETRIES,
+    )
+    clone = make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return cli_context(tmp_path, lock, clone, MODEL)
+
+    run, log, _ = run_against(
+        "claude-code",
+        ctx,
+        fix_calc_script(),
+        MODEL,
+        "HANGAR_ANTHROPIC_BASE_URL",
+        monkeypatch,
+        "503",
+    )
+    assert run.error is not None, run.output_tail
+    assert failed_answers(log) == 1, log

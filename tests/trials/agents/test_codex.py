@@ -39,9 +39,11 @@ from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
     FAULTS,
     INSTRUCTIONS,
+    NO_RETRIES,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
     cli_context,
+    failed_answers,
     freeze_cli_lock,
     median_spec,
     real_cli_env,
@@ -422,3 +424,26 @@ def test_real_codex_answered_by_another_model_ends_the_trial_as_drift_never_retr
     assert record.drift is not None and "gpt-other" in record.drift
     plan = plan_retries([record], 1, Settings.from_env().infra_retries)
     assert plan.retries == []
+
+
+def test_the_locks_provider_retries_reach_real_codexs_own_retry_knob(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without it the CLI retried a 503 on its own until the proxy stopped it (GIVE_UP_AFTER);
+    # max_retries 0 through request_max_retries leaves one request.
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
+    agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
+    lock = freeze_cli_lock(
+        tmp_path, "codex-retries", agent, MODEL, approvals="full-auto", provider_retries=NO_RETRIES
+    )
+    clone = make_clone(tmp_path)[0]
+
+    def ctx() -> AgentContext:
+        return cli_context(tmp_path, lock, clone, MODEL)
+
+    run, log, _ = run_against(
+        "codex", ctx, fix_calc_script(), MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch, "503"
+    )
+    assert run.error is not None, run.output_tail
+    assert failed_answers(log) == 1, log

@@ -23,6 +23,7 @@ import pytest
 from hangar_dagster.experiment.harness import HarnessError, HarnessLock, tree_digest
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.grading.grader import grade_trial
+from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
 from hangar_dagster.trials.agents import AgentContext, get_agent
@@ -34,7 +35,7 @@ from hangar_dagster.trials.agents.mini_swe import (
     parse_trajectory,
     task_text,
 )
-from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
+from hangar_dagster.trials.model_proxy import EGRESS_NAME, first_response_model, provider_failure
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_pip_cli
@@ -43,9 +44,11 @@ from tests.gitfixtures import make_clone
 from tests.trials.agents.cli_locks import (
     FAULTS,
     INSTRUCTIONS,
+    NO_RETRIES,
     VERIFY_PROBE,
     assert_verify_ran_as_in_verify,
     cli_context,
+    failed_answers,
     freeze_cli_lock,
     median_spec,
     real_cli_env,
@@ -372,16 +375,56 @@ def test_a_provider_fault_against_real_mini_is_named_by_the_proxy_within_60s(
 
 
 @needs_bwrap
-def test_real_mini_answered_by_another_model_drifts_by_the_proxy(
+def test_real_mini_answered_by_another_model_ends_the_trial_as_drift_never_retried(
+    mini_bin: Path,
+    example_dir: Path,
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The whole trial: turn 1's model is the one the provider's first answer named (the
+    # proxy's record), so the trial ends as drift and no retry is planned.
+    lock = make_lock(tmp_path, "mini-drift")
+    spec = median_spec(example_dir, tmp_path, "mini-drift", {"drift": lock}, 4096)
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))  # submit checks the CLI
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    (key,) = exp.trial_keys()
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    other = Reply(text="THOUGHT: done.", model="gpt-other", tool_calls=bash(SUBMIT).tool_calls)
+    with ScriptedEndpoint(Script([other]), MODEL) as endpoint:
+        monkeypatch.setenv(BASE_VAR, endpoint.base_url)
+        record, _ = run_trial(TrialRequest(exp, key, 1, None, "run-drift"), Settings.from_env())
+    assert (
+        first_response_model((Path(record.artifacts_dir) / EGRESS_NAME).read_text(), MODEL)
+        == "gpt-other"
+    )
+    assert (record.outcome_class, record.infra_reason) == ("infra_error", "drift"), record.error
+    assert record.drift is not None and "gpt-other" in record.drift
+    assert plan_retries([record], 1, Settings.from_env().infra_retries).retries == []
+
+
+def test_the_locks_provider_retries_reach_real_minis_own_retry_knob(
     mini_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Without it the CLI retried a 503 on its own until the proxy stopped it (GIVE_UP_AFTER);
+    # max_retries 0 through MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT leaves one request.
     monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(mini_bin.parent))
-    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
+    agent = {"adapter": "mini-swe-agent", "cli": "mini-swe-agent", "version": VERSION}
+    lock = freeze_cli_lock(tmp_path, "mini-retries", agent, MODEL, provider_retries=NO_RETRIES)
+    clone = make_clone(tmp_path)[0]
 
     def ctx() -> AgentContext:
-        return context(tmp_path, lock, clone)
+        return cli_context(tmp_path, lock, clone, MODEL)
 
-    other = Reply(text="THOUGHT: done.", model="gpt-other", tool_calls=bash(SUBMIT).tool_calls)
-    _, log, _ = run_against("mini-swe-agent", ctx, Script([other]), MODEL, BASE_VAR, monkeypatch)
-    assert first_response_model(log, MODEL) == "gpt-other"
+    run, log, _ = run_against(
+        "mini-swe-agent",
+        ctx,
+        fix_calc_script(),
+        MODEL,
+        "HANGAR_OPENAI_BASE_URL",
+        monkeypatch,
+        "503",
+    )
+    assert run.error is not None, run.output_tail
+    assert failed_answers(log) == 1, log

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hangar_dagster.environment.egress import EgressGrant
 from hangar_dagster.standins import agent as standin
@@ -162,3 +164,25 @@ def test_every_adapter_runs_python_without_bytecode_in_the_work_tree(tmp_path: P
     }
     for name, env in envs.items():
         assert {k: env.get(k) for k in NO_BYTECODE_ENV} == NO_BYTECODE_ENV, name
+
+
+def test_the_locks_provider_retries_become_each_clis_own_knobs(tmp_path: Path) -> None:
+    # The names each CLI reads (docs/architecture.md has the table); nothing when unset.
+    agent = {"adapter": "command", "cli": "sh", "version": "1", "command": "true"}
+    lock = freeze_cli_lock(
+        tmp_path / "r", "r", agent, "m", provider_retries={"max_retries": 1, "timeout_s": 45}
+    )
+    bare = context(tmp_path)
+    ctx = dataclasses.replace(bare, harness=lock)
+    assert claude_code.retry_env(ctx) == {"CLAUDE_CODE_MAX_RETRIES": "1", "API_TIMEOUT_MS": "45000"}
+    assert mini_swe.retry_env(ctx) == {"MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2"}
+    mini_kwargs = yaml.safe_load(mini_swe.hangar_config(ctx, "http://p/"))["model"]["model_kwargs"]
+    assert (mini_kwargs["max_retries"], mini_kwargs["timeout"]) == (1, 45)
+    toml = tomllib.loads(
+        codex.config_toml("m", "http://p/", None, run_common.provider_retries(ctx))
+    )
+    provider = toml["model_providers"][codex.PROVIDER_ID]
+    assert (provider["request_max_retries"], provider["stream_max_retries"]) == (1, 1)
+    assert provider["stream_idle_timeout_ms"] == 45000
+    assert claude_code.retry_env(bare) == {} and mini_swe.retry_env(bare) == {}
+    assert "request_max_retries" not in codex.config_toml("m", "http://p/")
