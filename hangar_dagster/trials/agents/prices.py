@@ -6,10 +6,14 @@ hangar (``tokens_in``); the cached part (``cached_tokens_in``) is priced at the
 provider's cached-input price instead of the input price, and Anthropic's cache
 writes (``cache_write_tokens_in``) at its cache-write price.
 
-Sources, read 2025-12-01:
-- OpenAI: https://platform.openai.com/docs/pricing ("Cached input" column).
-- Anthropic: https://docs.anthropic.com/en/docs/about-claude/pricing (cache hits
-  0.1x the base input price; 5-minute cache writes 1.25x).
+Sources: the providers' pricing pages (OpenAI https://platform.openai.com/docs/pricing,
+"Cached input" column; Anthropic https://docs.anthropic.com/en/docs/about-claude/pricing,
+cache hits 0.1x the base input price, 5-minute cache writes 1.25x). Those pages cannot be
+reached from where this was written; the table was checked on 2026-12-01 against litellm's
+bundled price map (model_prices_and_context_window_backup.json in the litellm that
+mini-swe-agent 2.4.6 installs): every entry that map has agrees on input, cached input,
+output and cache-write prices; claude-opus-4 (the pre-4.5 one) and claude-3-5-haiku are not
+in it and stay unchecked.
 An unknown model has no price: the adapter records 0 with a note in the trace.
 """
 
