@@ -74,7 +74,8 @@ def test_the_package_has_only_its_rooms_and_top_modules() -> None:
 
 
 # The attack suite stands apart: it is run through the grader but attacks whatever runs it.
-TEST_ONLY_FOLDERS = {"adversarial"}
+# tests/deploy/ mirrors the repo's deploy/ (compose, Dockerfiles, instance YAML), not a room.
+TEST_ONLY_FOLDERS = {"adversarial", "deploy"}
 
 
 def test_the_tests_mirror_the_rooms() -> None:
