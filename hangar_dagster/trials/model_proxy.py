@@ -190,20 +190,31 @@ def inspect_response(content_type: str, data: bytes, whole: bool) -> tuple[str |
     return None, None
 
 
+def log_entries(egress_text: str) -> list[dict[str, Any]]:
+    """The JSON objects of an ``egress.jsonl``, in order (a torn or foreign line is skipped).
+    The egress proxy's lines (``source: egress-proxy``) share the file with the model proxy's."""
+    entries = []
+    for line in egress_text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
 def first_response_model(egress_text: str, asked: str | None = None) -> str | None:
     """The model the provider's first answer named, from the proxy's log.
 
     The first answer to a request for ``asked`` (the pinned model) when there is one: a CLI's
     side requests (Claude Code's title model) ask for others. Else the first answer naming any.
     """
-    answers: list[tuple[str | None, str]] = []
-    for line in egress_text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("response_model"):
-            answers.append((entry.get("request_model"), str(entry["response_model"])))
+    answers = [
+        (entry.get("request_model"), str(entry["response_model"]))
+        for entry in log_entries(egress_text)
+        if entry.get("response_model")
+    ]
     for requested, answered in answers:
         if asked is not None and requested == asked:
             return answered
@@ -218,19 +229,13 @@ def provider_failure(egress_text: str) -> tuple[str, str] | None:
     last answer of 5xx or 429 means it gave up on the provider, which is an outage the
     breaker counts (docs/queue.md), not a measurement of the agent.
     """
-    last: dict[str, Any] | None = None
-    for line in egress_text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        # The model proxy's lines only: the egress proxy's (the mirror's answers) share the file.
-        if (
-            isinstance(entry, dict)
-            and entry.get("source") != "egress-proxy"
-            and isinstance(entry.get("status"), int)
-        ):
-            last = entry
+    # The model proxy's lines only: the egress proxy's (the mirror's answers) share the file.
+    answered = [
+        entry
+        for entry in log_entries(egress_text)
+        if entry.get("source") != "egress-proxy" and isinstance(entry.get("status"), int)
+    ]
+    last = answered[-1] if answered else None
     if last is None:
         return None
     status, where = last["status"], f"{last.get('method', '?')} {last.get('path', '?')}"
@@ -260,14 +265,8 @@ def first_request_tools(egress_text: str, path_suffix: str) -> list[str] | None:
     (``{type: function, function: {name}}``). None when the log cannot tell (no such
     request, or its body was clipped and is no longer JSON).
     """
-    for line in egress_text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or not str(entry.get("path", "")).split("?")[0].endswith(
-            path_suffix
-        ):
+    for entry in log_entries(egress_text):
+        if not str(entry.get("path", "")).split("?")[0].endswith(path_suffix):
             continue
         if entry.get("body_clipped"):
             return None

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,9 @@ from hangar_dagster.experiment.harness import HarnessLock, freeze
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Script, ScriptedEndpoint
 from hangar_dagster.trials.agents import AgentContext, AgentRun, get_agent
-from hangar_dagster.trials.model_proxy import EGRESS_NAME
+from hangar_dagster.trials.model_proxy import EGRESS_NAME, log_entries, provider_failure
 from hangar_dagster.trials.sandbox import get_sandbox
+from tests.gitfixtures import make_clone
 
 INSTRUCTIONS = "Harness rule: keep every diff minimal.\n"
 SKILL = "---\nname: careful\ndescription: Read before editing.\n---\nRead the file first.\n"
@@ -131,23 +130,39 @@ FAULTS = [
 
 def run_against(
     adapter: str,
-    make_ctx: Callable[[], AgentContext],
+    bin_dir: Path,
+    lock: HarnessLock,
     script: Script,
     model: str,
     base_url_var: str,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     fault: str | None = None,
+    memory_mb: int = 4096,
 ) -> tuple[AgentRun, str, float]:
-    """``adapter``'s real CLI against the scripted endpoint (failing as ``fault``): its run, the
-    model proxy's log (what trial._finish classifies from) and the seconds it took."""
+    """``adapter``'s real CLI (found in ``bin_dir``) on a fresh calc clone against the scripted
+    endpoint (failing as ``fault``): its run, the model proxy's log (what trial._finish
+    classifies from) and the seconds it took."""
+    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(bin_dir))
+    clone = make_clone(tmp_path)[0]
     with ScriptedEndpoint(script, model) as endpoint:
         endpoint.fault = fault
         monkeypatch.setenv(base_url_var, endpoint.base_url)
-        ctx = make_ctx()  # its settings read the endpoint's URL
+        ctx = cli_context(tmp_path, lock, clone, model, memory_mb)  # reads the endpoint's URL
         started = time.monotonic()
         run = get_agent(adapter).run(ctx)
         elapsed = time.monotonic() - started
     return run, (ctx.out_dir / EGRESS_NAME).read_text(), elapsed
+
+
+def assert_named_by_the_proxy(run: AgentRun, log: str, elapsed: float, reason: str) -> None:
+    """The CLI failed, the proxy's log names ``reason`` (what trial._finish decides from, over
+    the CLI's exit), and a dead provider held it under 60 s."""
+    assert run.error is not None, run.output_tail
+    found = provider_failure(log)
+    assert found is not None and found[0] == reason, (found, run.error)
+    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
 
 
 # A lock that lets its CLI make no retry of its own, and what the proxy then saw.
@@ -156,10 +171,9 @@ NO_RETRIES = {"max_retries": 0, "timeout_s": 30}
 
 def failed_answers(egress_text: str) -> int:
     """How many 5xx answers the model proxy passed on (its own lines, not the egress proxy's)."""
-    entries = [json.loads(line) for line in egress_text.splitlines() if line.strip()]
     return sum(
         1
-        for e in entries
+        for e in log_entries(egress_text)
         if e.get("source") != "egress-proxy"
         and isinstance(e.get("status"), int)
         and e["status"] >= 500

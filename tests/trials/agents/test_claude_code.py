@@ -22,7 +22,7 @@ from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
-from hangar_dagster.trials.agents import AgentContext, get_agent
+from hangar_dagster.trials.agents import get_agent
 from hangar_dagster.trials.agents.claude_code import (
     ClaudeCodeAgent,
     StreamJson,
@@ -30,7 +30,7 @@ from hangar_dagster.trials.agents.claude_code import (
     turns_of,
 )
 from hangar_dagster.trials.agents.install import install_mounts
-from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
+from hangar_dagster.trials.model_proxy import first_response_model
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
@@ -41,6 +41,7 @@ from tests.trials.agents.cli_locks import (
     INSTRUCTIONS,
     NO_RETRIES,
     VERIFY_PROBE,
+    assert_named_by_the_proxy,
     assert_verify_ran_as_in_verify,
     cli_context,
     failed_answers,
@@ -522,41 +523,34 @@ def test_real_claude_code_runs_the_tasks_verify_as_the_verify_step_does(
 def test_a_provider_fault_against_real_claude_code_is_named_by_the_proxy_within_60s(
     fault: str, reason: str, claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
-    lock, clone = make_lock(tmp_path, max_turns=8), make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return cli_context(tmp_path, lock, clone, MODEL)
-
+    lock = make_lock(tmp_path, max_turns=8)
     run, log, elapsed = run_against(
         "claude-code",
-        ctx,
+        claude_bin.parent,
+        lock,
         fix_calc_script(),
         MODEL,
         "HANGAR_ANTHROPIC_BASE_URL",
+        tmp_path,
         monkeypatch,
         fault,
     )
-    assert run.error is not None, run.output_tail
-    found = provider_failure(log)  # what trial._finish decides from, over the CLI's exit
-    assert found is not None and found[0] == reason, (found, run.error)
-    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+    assert_named_by_the_proxy(run, log, elapsed, reason)
 
 
 def test_real_claude_code_answered_by_another_model_is_turn_one_of_that_model(
     claude_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
-    lock, clone = make_lock(tmp_path, max_turns=8), make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return cli_context(tmp_path, lock, clone, MODEL)
-
     script = Script([Reply(text="done", model="claude-other-2026-01-01")])
     _, log, _ = run_against(
-        "claude-code", ctx, script, MODEL, "HANGAR_ANTHROPIC_BASE_URL", monkeypatch
+        "claude-code",
+        claude_bin.parent,
+        make_lock(tmp_path, max_turns=8),
+        script,
+        MODEL,
+        "HANGAR_ANTHROPIC_BASE_URL",
+        tmp_path,
+        monkeypatch,
     )
     assert first_response_model(log, MODEL) == "claude-other-2026-01-01"
 
@@ -566,28 +560,18 @@ def test_the_locks_provider_retries_reach_real_claude_codes_own_retry_knob(
 ) -> None:
     # Without it the CLI retried a 503 on its own until the proxy stopped it (GIVE_UP_AFTER);
     # max_retries 0 through CLAUDE_CODE_MAX_RETRIES leaves one request.
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(claude_bin.parent))
     agent = {"adapter": "claude-code", "cli": "claude", "version": VERSION}
     lock = freeze_cli_lock(
-        tmp_path,
-        "claude_code-retries",
-        agent,
-        MODEL,
-        approvals="full-auto",
-        provider_retries=NO_RETRIES,
+        tmp_path, "claude-retries", agent, MODEL, approvals="full-auto", provider_retries=NO_RETRIES
     )
-    clone = make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return cli_context(tmp_path, lock, clone, MODEL)
-
     run, log, _ = run_against(
         "claude-code",
-        ctx,
+        claude_bin.parent,
+        lock,
         fix_calc_script(),
         MODEL,
         "HANGAR_ANTHROPIC_BASE_URL",
+        tmp_path,
         monkeypatch,
         "503",
     )

@@ -30,7 +30,7 @@ from hangar_dagster.trials.agents.codex import (
     parse_exec_json,
     parse_session,
 )
-from hangar_dagster.trials.model_proxy import first_response_model, provider_failure
+from hangar_dagster.trials.model_proxy import first_response_model
 from hangar_dagster.trials.trial import TrialRequest, run_trial
 from hangar_dagster.util.gitrepo import take_patch
 from tests.agent_clis import VERSIONS, ensure_npm_cli
@@ -41,6 +41,7 @@ from tests.trials.agents.cli_locks import (
     INSTRUCTIONS,
     NO_RETRIES,
     VERIFY_PROBE,
+    assert_named_by_the_proxy,
     assert_verify_ran_as_in_verify,
     cli_context,
     failed_answers,
@@ -367,20 +368,19 @@ def test_a_model_family_codex_does_not_ship_is_refused(
 def test_a_provider_fault_against_real_codex_is_named_by_the_proxy_within_60s(
     fault: str, reason: str, codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
-    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return context(tmp_path, lock, clone)
-
     run, log, elapsed = run_against(
-        "codex", ctx, fix_calc_script(), MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch, fault
+        "codex",
+        codex_bin.parent,
+        make_lock(tmp_path),
+        fix_calc_script(),
+        MODEL,
+        "HANGAR_OPENAI_BASE_URL",
+        tmp_path,
+        monkeypatch,
+        fault,
+        MEMORY_MB,
     )
-    assert run.error is not None, run.output_tail
-    found = provider_failure(log)  # what trial._finish decides from, over the CLI's exit
-    assert found is not None and found[0] == reason, (found, run.error)
-    assert elapsed < 60, f"{elapsed:.0f}s against a dead provider"
+    assert_named_by_the_proxy(run, log, elapsed, reason)
 
 
 @needs_bwrap
@@ -388,15 +388,19 @@ def test_real_codex_answered_by_another_model_is_turn_one_of_that_model(
     codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Codex's session file echoes its config's model; the proxy saw what the provider said.
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
-    lock, clone = make_lock(tmp_path), make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return context(tmp_path, lock, clone)
-
     script = Script([Reply(text="done", model="gpt-other")])
-    run, log, _ = run_against("codex", ctx, script, MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch)
+    run, log, _ = run_against(
+        "codex",
+        codex_bin.parent,
+        make_lock(tmp_path),
+        script,
+        MODEL,
+        "HANGAR_OPENAI_BASE_URL",
+        tmp_path,
+        monkeypatch,
+        None,
+        MEMORY_MB,
+    )
     assert run.fingerprint.get("model") == MODEL  # the echo the trial no longer trusts
     assert first_response_model(log, MODEL) == "gpt-other"
 
@@ -431,19 +435,20 @@ def test_the_locks_provider_retries_reach_real_codexs_own_retry_knob(
 ) -> None:
     # Without it the CLI retried a 503 on its own until the proxy stopped it (GIVE_UP_AFTER);
     # max_retries 0 through request_max_retries leaves one request.
-    monkeypatch.setenv("HANGAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HANGAR_AGENT_BIN_DIR", str(codex_bin.parent))
     agent = {"adapter": "codex", "cli": "codex", "version": VERSION}
     lock = freeze_cli_lock(
         tmp_path, "codex-retries", agent, MODEL, approvals="full-auto", provider_retries=NO_RETRIES
     )
-    clone = make_clone(tmp_path)[0]
-
-    def ctx() -> AgentContext:
-        return cli_context(tmp_path, lock, clone, MODEL)
-
     run, log, _ = run_against(
-        "codex", ctx, fix_calc_script(), MODEL, "HANGAR_OPENAI_BASE_URL", monkeypatch, "503"
+        "codex",
+        codex_bin.parent,
+        lock,
+        fix_calc_script(),
+        MODEL,
+        "HANGAR_OPENAI_BASE_URL",
+        tmp_path,
+        monkeypatch,
+        "503",
     )
     assert run.error is not None, run.output_tail
     assert failed_answers(log) == 1, log
