@@ -103,6 +103,11 @@ class HangarPaths:
         return self.home / "work"
 
     @property
+    def ui_lock(self) -> Path:
+        """Held by the one `hangar ui` (webserver and daemon) running on this home (cli/ui.py)."""
+        return self.home / "ui.lock"
+
+    @property
     def builds(self) -> Path:
         """Environment builds, one complete directory per build digest (environment/build.py)."""
         return self.home / "builds"

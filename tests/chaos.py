@@ -47,6 +47,12 @@ from typing import Any
 
 MODES = ("worker", "drain", "ui-worker", "daemon", "ui")
 UI_MODES = frozenset({"ui-worker", "daemon", "ui"})
+# The stages a kill is aimed at (``--aim``, the default): the round waits until the run is
+# seen in the stage, then a random fraction of a second more, and kills. A drain only acts on
+# a trials run, so it is aimed at the trials stages alone.
+STAGES = ("spec", "pin_sets", "base_checks", "mid-trial", "mid-verify", "mid-grade", "index")
+TRIAL_STAGES = ("mid-trial", "mid-verify", "mid-grade")
+AIM_DELAY_S = 0.8  # the kill lands uniformly within this long after the stage is first seen
 AGENT = "sleep 1.5\n"  # long enough that a kill can land mid-agent; the fix follows
 
 
@@ -54,7 +60,9 @@ AGENT = "sleep 1.5\n"  # long enough that a kill can land mid-agent; the fix fol
 class Round:
     n: int
     mode: str
-    at_s: float
+    at_s: float  # drawn over the span (uniform draws); for an aimed kill, when it landed
+    aim: str = ""  # the stage the kill is aimed at ("": an instant drawn over the span)
+    delay_s: float = 0.0  # for an aimed kill: how long after the stage was first seen
     stage: str = "?"
     outcome: str = "?"
     problems: list[str] = field(default_factory=list)
@@ -139,6 +147,20 @@ def in_flight(home: Path, experiment_id: str | None) -> list[tuple[str, str]]:
         for r in runs
         if experiment_id is None or r.tags.get(TAG_EXPERIMENT) == experiment_id
     ]
+
+
+def index_done(home: Path, experiment_id: str) -> bool:
+    """Whether the experiment's index run succeeded (its last stage: the experiment ended)."""
+    import dagster as dg
+
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
+    return any(
+        r.tags.get(TAG_EXPERIMENT) == experiment_id and r.tags.get(TAG_STAGE) == "index"
+        for r in runs
+    )
 
 
 def stage_now(home: Path, experiment_id: str | None, root: int) -> str:
@@ -251,6 +273,25 @@ def check_store(
 
 
 # --- one round --------------------------------------------------------------------------------
+def reach(
+    r: Round, home: Path, root: int, t0: float, ended: Callable[[], bool], limit: float
+) -> str:
+    """Wait for the kill's instant; the stage the kill lands in ("after the end": the run
+    finished first; "missed <stage>": an aimed stage was never seen, so no kill)."""
+    if not r.aim:
+        time.sleep(max(0.0, r.at_s - (time.monotonic() - t0)))
+        return "after the end" if ended() else stage_now(home, experiment_id_of(home), root)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not ended():
+        if stage_now(home, experiment_id_of(home), root) == r.aim:
+            time.sleep(r.delay_s)
+            r.at_s = round(time.monotonic() - t0, 2)
+            return "after the end" if ended() else stage_now(home, experiment_id_of(home), root)
+        time.sleep(0.05)
+    r.at_s = round(time.monotonic() - t0, 2)
+    return f"missed {r.aim}"
+
+
 def wait_for(pred: Callable[[], bool], seconds: float, step: float = 0.2) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -300,15 +341,9 @@ def round_cli(r: Round, home: Path, spec: Path, timeout: float) -> str:
         start_new_session=True,
     )
     try:
-        try:
-            proc.wait(timeout=r.at_s)
-        except subprocess.TimeoutExpired:
-            pass
+        r.stage = reach(r, home, proc.pid, t0, lambda: proc.poll() is not None, timeout)
         eid = experiment_id_of(home)
-        if proc.poll() is not None:
-            r.stage = "after the end"
-        else:
-            r.stage = stage_now(home, eid, proc.pid)
+        if r.stage != "after the end" and not r.stage.startswith("missed"):
             if r.mode == "worker":
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
@@ -347,10 +382,12 @@ def round_ui(r: Round, home: Path, spec: Path, timeout: float) -> str:
         if not eid:
             r.problems.append(f"submit failed: {sub.stderr[-1500:]}")
             return ""
-        time.sleep(r.at_s)
-        r.stage = stage_now(home, eid, ui.pid)
+        t0 = time.monotonic()
+        r.stage = reach(r, home, ui.pid, t0, lambda: index_done(home, eid), timeout)
         r.kept = parquet_rows(home, "trials")  # a moment before the kill: all of it must stay
-        if r.mode == "ui":
+        if r.stage == "after the end" or r.stage.startswith("missed"):
+            r.outcome = "nothing killed"
+        elif r.mode == "ui":
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
             ui = start_ui(home, log)
@@ -429,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the instants are drawn over "
         "(default: measured by one undisturbed run --wait first)",
     )
+    ap.add_argument(
+        "--draw",
+        choices=("aim", "uniform"),
+        default="aim",
+        help="aim: each round's kill aimed at a stage, every stage in turn (shuffled), at a"
+        " random instant within it; uniform: an instant drawn over one run's span",
+    )
     ap.add_argument("--timeout", type=float, default=420, help="seconds a round may take to end")
     ap.add_argument(
         "--work", type=Path, default=None, help="keep the homes here (default: a temp dir)"
@@ -445,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         spec = spec_file(example(work), work, args.trials)
-        span = args.span
-        if span is None:
+        span = args.span or 0.0
+        if args.span is None and args.draw == "uniform":
             control = one_round(Round(0, "worker", 10**6), work, spec, args.trials, args.timeout)
             span = control.run_s
             print(
@@ -455,17 +499,29 @@ def main(argv: list[str] | None = None) -> int:
             if control.problems:
                 return 1
         rounds = []
+        aims: list[str] = []
         for n in range(1, args.rounds + 1):
-            r = Round(n, rng.choice(modes), round(rng.uniform(0, span), 2))
+            mode = rng.choice(modes)
+            if args.draw == "uniform":
+                r = Round(n, mode, round(rng.uniform(0, span), 2))
+            else:
+                if not aims:  # every stage once, in a fresh order, before any stage again
+                    aims = rng.sample(STAGES, len(STAGES))
+                aim = aims.pop()
+                if mode == "drain" and aim not in TRIAL_STAGES:
+                    aim = rng.choice(TRIAL_STAGES)
+                r = Round(n, mode, 0.0, aim=aim, delay_s=round(rng.uniform(0, AIM_DELAY_S), 2))
             one_round(r, work, spec, args.trials, args.timeout)
             rounds.append(r)
+            aimed = f"aimed at {r.aim} +{r.delay_s}s, " if r.aim else ""
             print(
-                f"round {n}: {r.mode} at {r.at_s}s ({r.stage}): {r.outcome} [{r.seconds:.0f}s]"
-                + (f" PROBLEMS: {r.problems}" if r.problems else ""),
+                f"round {n}: {r.mode} ({aimed}at {r.at_s}s, in {r.stage}): {r.outcome}"
+                f" [{r.seconds:.0f}s]" + (f" PROBLEMS: {r.problems}" if r.problems else ""),
                 flush=True,
             )
     broken = [r for r in rounds if r.problems]
-    print(f"chaos: seed {seed}; span {span:.1f}s; {len(rounds)} rounds, {len(broken)} broken")
+    drawn = f"span {span:.1f}s" if args.draw == "uniform" else "aimed at every stage in turn"
+    print(f"chaos: seed {seed}; {drawn}; {len(rounds)} rounds, {len(broken)} broken")
     print("  kills by mode:", dict(sorted(Counter(r.mode for r in rounds).items())))
     print("  by stage:", dict(sorted(Counter(r.stage for r in rounds).items())))
     print(

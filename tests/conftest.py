@@ -16,7 +16,7 @@ import yaml
 
 from hangar_dagster.environment.mirror import Mirror, ensure_mirror, stop_mirror
 from hangar_dagster.experiment.harness import freeze
-from hangar_dagster.settings import Settings
+from hangar_dagster.settings import HangarPaths, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "skills-ab"
@@ -317,6 +317,24 @@ def recorded_worker(home: Path, run_id: str) -> subprocess.Popen[str]:
         text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "recorded"
+    return proc
+
+
+def ui_lock_holder(home: Path) -> subprocess.Popen[str]:
+    """A real process holding the home's `hangar ui` lock, as a running UI does (its pid)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from hangar_dagster.util.procs import"
+            " PidLock; lock = PidLock(Path(sys.argv[1])); lock.acquire(); print('held',"
+            " flush=True); time.sleep(600)",
+            str(HangarPaths(home).ui_lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
 

@@ -17,7 +17,7 @@ import typer
 
 from hangar_dagster.cli.common import err
 from hangar_dagster.orchestration.instance import ensure_dagster_home
-from hangar_dagster.settings import HOME_VAR, Settings
+from hangar_dagster.settings import HOME_VAR, HangarPaths, Settings
 from hangar_dagster.util.procs import (
     LockHeld,
     PidLock,
@@ -35,7 +35,6 @@ WORKSPACE_YAML = """load_from:
 WEBSERVER_URL_FILE = "webserver.url"
 
 
-UI_LOCK_FILE = "ui.lock"
 # How long dagster dev gets to stop its webserver and daemon after SIGINT, and then what is left
 # below us (code servers, run workers, sandboxes) after SIGTERM, before SIGKILL.
 DEV_STOP_S = 30.0
@@ -44,7 +43,7 @@ TREE_STOP_S = 10.0
 
 def ui_lock(home: Path) -> PidLock:
     """The lock a running `hangar ui` holds on its HANGAR_HOME (one daemon per instance)."""
-    return PidLock(home / UI_LOCK_FILE)
+    return PidLock(HangarPaths(home).ui_lock)
 
 
 def ui_cmd(port: Annotated[int, typer.Option(help="Webserver port.")] = 3000) -> None:

@@ -31,7 +31,12 @@ from hangar_dagster.orchestration.stages import (
     stage_tags,
 )
 from hangar_dagster.queue.drain import request_drain
-from hangar_dagster.queue.liveness import TAG_CREATOR, read_run_process, worker_gone
+from hangar_dagster.queue.liveness import (
+    TAG_CREATOR,
+    launcher_gone,
+    read_run_process,
+    worker_gone,
+)
 from hangar_dagster.queue.stage_runs import (
     STAGE_RUN_RETRIES,
     EndedRun,
@@ -125,7 +130,18 @@ def end_dead_runs(instance: dg.DagsterInstance, paths: HangarPaths, runs: StageR
             has_worker = run.status in HAS_WORKER or (
                 run.status == dg.DagsterRunStatus.NOT_STARTED and creator is not None
             )
-            if not has_worker or (why := worker_gone(paths, run.run_id, creator)) is None:
+            if not has_worker:
+                continue
+            why = worker_gone(paths, run.run_id, creator)
+            if (
+                why is None
+                and run.status == dg.DagsterRunStatus.STARTING
+                and creator is None
+                and read_run_process(paths, run.run_id) is None
+            ):
+                # Launched by the daemon, its worker not yet recorded: its launcher may be gone.
+                why = launcher_gone(paths, record.update_timestamp)
+            if why is None:
                 continue
             instance.report_run_failed(
                 run, f"hangar: {why}; marked failed so that its experiment goes on"

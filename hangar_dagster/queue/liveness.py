@@ -12,6 +12,7 @@ run failed with this reason (docs/queue.md, "Runs whose worker died").
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import socket
@@ -119,3 +120,35 @@ def _from_creator_tag(run_id: str, tag: str) -> RunProcess | None:
         return RunProcess(run_id=run_id, **json.loads(tag))
     except (ValueError, TypeError):
         return None  # a foreign or torn tag: cannot tell
+
+
+# A run the daemon launched has no creator tag, and no process record until its worker has
+# loaded the definitions and started (seconds, or more under load). If the whole `hangar ui`
+# dies in between, nothing is left to read, and run monitoring would fail the run only after
+# its start timeout (300 s), the experiment waiting beside it all that time (tests/chaos.py).
+# On the embedded instance the launcher lives in `hangar ui`'s process tree and only one UI
+# runs per home (its lock), so a run that became STARTING before the current UI started, or
+# while none runs, was launched by a UI that is gone: its worker, if one ever began, died
+# with it, and a late one would find the run failed and stop (Dagster ignores a run worker
+# that starts after its run finished).
+def launcher_gone(paths: HangarPaths, starting_since: dt.datetime) -> str | None:
+    """Why the launcher of a daemon-launched run, STARTING since ``starting_since`` with no
+    process record, is gone, or None when the `hangar ui` running now may have launched it."""
+    from hangar_dagster.util.procs import PidLock, started_at
+
+    holder = PidLock(paths.ui_lock).holder()
+    since = f"STARTING since {starting_since.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    if holder is None:
+        return (
+            f"its launcher is gone: no `hangar ui` runs on this home, and the run is {since}"
+            " with no process recorded"
+        )
+    ui_start = started_at(holder)
+    # One second of slack: the boot time the start is counted from is whole seconds.
+    if ui_start is None or starting_since >= ui_start - dt.timedelta(seconds=1):
+        return None
+    return (
+        f"its launcher is gone: the run is {since} with no process recorded, and the"
+        f" `hangar ui` that launched it is gone (this one, pid {holder}, started"
+        f" {ui_start:%Y-%m-%d %H:%M:%S} UTC)"
+    )

@@ -46,9 +46,11 @@ class EndedRun:
 def _never_started(message: str) -> bool:
     """Whether a run that never started was failed for that reason (not, say, a load error)."""
     # run monitoring's "Run timed out due to taking longer than N seconds to start.", and
-    # sensors.end_dead_runs' "hangar: its process (...) is gone; marked failed ..."
+    # sensors.end_dead_runs' "hangar: its process (...) is gone; marked failed ..." and
+    # "hangar: its launcher is gone: ..."
     return message.endswith("seconds to start.") or (
-        message.startswith("hangar: its process") and " is gone" in message
+        message.startswith(("hangar: its process", "hangar: its launcher"))
+        and " is gone" in message
     )
 
 

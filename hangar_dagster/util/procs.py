@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import errno
 import fcntl
 import os
@@ -55,6 +56,24 @@ def read_proc(pid: int) -> Proc | None:
     # Fields after the parenthesised command name: state ppid pgrp session ... starttime (22nd)
     fields = stat.rsplit(")", 1)[1].split()
     return Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def started_at(pid: int) -> dt.datetime | None:
+    """When process ``pid`` started, in UTC (to the second: the kernel's boot time is whole
+    seconds), or None when there is no such process."""
+    proc = read_proc(pid)
+    if proc is None:
+        return None
+    try:
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    seconds = btime + proc.start / os.sysconf("SC_CLK_TCK")
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
 def all_procs() -> list[Proc]:

@@ -125,3 +125,35 @@ def test_resume_ends_a_run_its_killed_cli_created_but_never_started(
     with dg.DagsterInstance.get() as instance:
         run = instance.get_run_by_id(run_id)
         assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+
+
+def test_resume_with_no_ui_ends_a_run_a_killed_ui_left_starting(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    """Regression (tests/chaos.py): `hangar ui` SIGKILLed while its daemon launched a run left
+    it STARTING with no process record and no creator tag; resume refused beside it."""
+    spec = command_agent_spec(example_dir, tmp_path, "unlaunched", "true")
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    ensure_dagster_home(Settings.from_env())
+    run_id = str(uuid.uuid4())
+    with dg.DagsterInstance.get() as instance:
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{exp.experiment_id}__pin_sets_job",
+                run_id=run_id,
+                status=dg.DagsterRunStatus.STARTING,
+                tags={"hangar/experiment": exp.experiment_id, "hangar/stage": "pin_sets"},
+            )
+        )
+
+    resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    said = " ".join(resumed.stderr.split())
+    assert f"its pin_sets run {run_id} was STARTING, but its launcher is gone: no `hangar ui`" in (
+        said
+    )
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+        stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
+    assert {"spec", "pin_sets", "trials", "index"} <= stages

@@ -44,7 +44,7 @@ def test_the_store_checks_name_a_gap_a_second_counted_attempt_a_missing_grade_an
 
 def test_seeded_kills_and_drains_under_run_wait_keep_every_rule(tmp_path: Path) -> None:
     # Cheap on purpose (tier budget: docs/performance.md): two rounds of the CLI's modes, a
-    # two-trial experiment of the scripted command agent, instants over a fixed span.
+    # two-trial experiment of the scripted command agent, each kill aimed at a stage.
     done = subprocess.run(
         [
             sys.executable,
@@ -56,8 +56,6 @@ def test_seeded_kills_and_drains_under_run_wait_keep_every_rule(tmp_path: Path) 
             str(SEED),
             "--modes",
             "worker,drain",
-            "--span",
-            "40",
             "--timeout",
             "150",
             "--work",
@@ -73,3 +71,4 @@ def test_seeded_kills_and_drains_under_run_wait_keep_every_rule(tmp_path: Path) 
     assert f"chaos: seed {SEED}, 2 rounds" in out
     assert done.returncode == 0, out
     assert "2 rounds, 0 broken" in out and "PROBLEMS" not in out
+    assert out.count("aimed at ") == 2, out

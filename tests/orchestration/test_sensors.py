@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import uuid
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -20,7 +21,7 @@ from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
-from tests.conftest import killed_worker, recorded_worker
+from tests.conftest import killed_worker, recorded_worker, ui_lock_holder
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +310,36 @@ def test_a_run_whose_worker_is_alive_is_waited_for(
         finally:
             worker.kill()
             worker.wait()
+
+
+def test_a_run_left_starting_by_a_killed_ui_is_failed_by_the_next_ui_which_waits_for_its_own(
+    queued: ResolvedExperiment, hangar_home: Path
+) -> None:
+    """Regression (tests/chaos.py): the whole `hangar ui` SIGKILLed while its daemon launched a
+    run left it STARTING with no process record; the next UI's sensor waited beside it until
+    run monitoring's 300 s start timeout."""
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    with dg.instance_for_test() as instance:
+        lost = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTING)
+        time.sleep(2.5)  # past the second of slack a process's start time is read with
+        ui = ui_lock_holder(hangar_home)  # the UI started again, after the run became STARTING
+        try:
+            # One this UI's daemon launches is waited for: its worker may be loading.
+            ours = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTING)
+            decided = decide(instance, f.settings(NIGHTLY), at)
+            run = instance.get_run_by_id(lost)
+            assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
+            assert (
+                f"{eid}: its spec run {lost} was STARTING, but its launcher is gone"
+                in (decided.notes[0])
+            )
+            assert f"pid {ui.pid}" in decided.notes[0]
+            still = instance.get_run_by_id(ours)
+            assert still is not None and still.status == dg.DagsterRunStatus.STARTING
+            assert decided.requests == []
+            [why] = decided.waiting
+            assert f"its trials run {ours} is STARTING" in why
+        finally:
+            ui.kill()
+            ui.wait()

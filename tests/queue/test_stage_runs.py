@@ -78,6 +78,17 @@ def test_a_run_that_failed_before_it_started_is_a_death_and_is_retried() -> None
     ]
     why = after_failure("base_checks", runs)
     assert why is not None and "not started again" in why
+    # hangar's own finding, for a STARTING run whose `hangar ui` (and launcher) was killed
+    lost = EndedRun(
+        "r5",
+        "FAILURE",
+        record_left=False,
+        message="hangar: its launcher is gone: no `hangar ui` runs on this home, and the run is"
+        " STARTING since 2026-12-02 01:41:20 UTC with no process recorded; marked failed so that"
+        " its experiment goes on",
+        started=False,
+    )
+    assert lost.worker_died and after_failure("pin_sets", [lost]) is None
     # a run that failed before starting for another reason (its job did not load) waits
     broken = EndedRun(
         "r4", "FAILURE", record_left=False, message="Could not load job", started=False
