@@ -74,8 +74,10 @@ def estimate_cost(exp: ResolvedExperiment, known: list[float], variant: str) -> 
 
     The median of the variant's known attempt costs in this experiment (one agent and model
     on the same tasks: the nearest evidence there is); with none yet, the spec's per-trial
-    cap ``trial_job_budget.max_cost_usd`` (an upper bound: no attempt may spend more); with
-    neither, 0 and a basis that says nothing bounds it. docs/data.md, "Unknown costs".
+    cap ``trial_job_budget.max_cost_usd`` (an upper bound: no attempt may spend more); else
+    the experiment's ``budget.max_cost_usd`` spread over its planned trials (what one trial
+    may spend on average); with none of them, 0 and a basis that says nothing bounds it.
+    docs/data.md, "Unknown costs".
     """
     if known:
         return (
@@ -87,7 +89,13 @@ def estimate_cost(exp: ResolvedExperiment, known: list[float], variant: str) -> 
             exp.spec.trial_job_budget.max_cost_usd,
             f"trial_job_budget.max_cost_usd (no known cost of variant {variant} yet)",
         )
-    return 0.0, f"none: no known cost of variant {variant} and no trial_job_budget"
+    if exp.spec.budget is not None and (planned := len(exp.trial_keys())) > 0:
+        return (
+            round(exp.spec.budget.max_cost_usd / planned, 6),
+            f"budget.max_cost_usd over its {planned} planned trials (no known cost of variant "
+            f"{variant} yet, no trial_job_budget)",
+        )
+    return 0.0, f"none: no known cost of variant {variant}, no trial_job_budget and no budget"
 
 
 def _closed_record(

@@ -141,7 +141,7 @@ class TrialRecord(Record):
     turns: int
     tokens_in: int
     tokens_out: int
-    cost_usd: float | None  # None: unknown (the process that knew it died); never 0.0 for that
+    cost_usd: float | None  # None: unknown (the process that knew it died, or no list price)
     error: str | None
     manifest: dict[str, Any]
     trace: dict[str, Any]
@@ -151,7 +151,7 @@ class TrialRecord(Record):
     build_digest: str | None = None
     build_s: float | None = None
     # Set only when cost_usd is None: what the budget counts instead, and how it was reached
-    # (queue/restarts.py estimate_cost; docs/data.md).
+    # (queue/restarts.py estimate_cost, trials/agents/prices.py upper_estimate; docs/data.md).
     cost_estimate_usd: float | None = None
     cost_basis: str | None = None
 

@@ -417,6 +417,13 @@ def mark_started(req: TrialRequest, paths: HangarPaths, started_at: dt.datetime)
     write_atomic(art / STARTED_MARKER, json.dumps(marker, indent=2, sort_keys=True))
 
 
+def known_cost(run: AgentRun | None) -> float | None:
+    """The attempt's cost as stored: None when no list price gives it (``cost_unknown``)."""
+    if run is None:
+        return 0.0  # no agent ran: nothing was spent
+    return None if run.cost_unknown else run.cost_usd
+
+
 def pinned_fields(
     exp: ResolvedExperiment,
     key: TrialKey,
@@ -526,7 +533,10 @@ def run_trial(req: TrialRequest, settings: Settings) -> tuple[TrialRecord, str]:
         "tokens_in": run.tokens_in if run else 0,
         "tokens_out": run.tokens_out if run else 0,
         "cached_tokens_in": run.cached_tokens_in if run else 0,
-        "cost_usd": run.cost_usd if run else 0.0,
+        # Unknown is not free: null, with the estimate budgets count and what it rests on.
+        "cost_usd": known_cost(run),
+        "cost_estimate_usd": run.cost_usd if run and run.cost_unknown else None,
+        "cost_basis": run.cost_unknown if run else None,
         "budget_stopped": run.budget_stopped if run else False,
         "fingerprint": run.fingerprint if run else {},
         "turn1_harness_digest": turn1_harness_digest(run.fingerprint)
@@ -575,7 +585,9 @@ def run_trial(req: TrialRequest, settings: Settings) -> tuple[TrialRecord, str]:
         turns=run.turns if run else 0,
         tokens_in=run.tokens_in if run else 0,
         tokens_out=run.tokens_out if run else 0,
-        cost_usd=run.cost_usd if run else 0.0,
+        cost_usd=known_cost(run),
+        cost_estimate_usd=run.cost_usd if run and run.cost_unknown else None,
+        cost_basis=run.cost_unknown if run else None,
         error=clean(state.error),
         manifest=manifest,
         trace=trace,

@@ -75,7 +75,7 @@ def test_attempt_cut_off_by_a_restart_leaves_no_trace(exp: ResolvedExperiment) -
         None,
     )
     assert row.cost_estimate_usd == 0.0 and row.cost_basis is not None
-    assert "no known cost of variant plain and no trial_job_budget" in row.cost_basis
+    assert "no known cost of variant plain, no trial_job_budget and no budget" in row.cost_basis
     assert row.run_id == "run-dead" and row.error is not None and "run-dead" in row.error
     assert row.started_at == AT and row.finished_at >= AT
     assert (art / RAW_PATCH).read_text() == ""  # the grades asset can read it
@@ -117,6 +117,16 @@ def test_with_no_known_cost_the_estimate_is_the_per_trial_cap(exp: ResolvedExper
         "trial_job_budget.max_cost_usd (no known cost of variant plain yet)",
     )
     assert estimate_cost(capped, [1.0, 3.0], "plain")[0] == 2.0
+    # With only the experiment's own budget: what one of its planned trials may spend.
+    budgeted = exp.model_copy(
+        update={"spec": exp.spec.model_copy(update={"budget": Budget(max_cost_usd=6.0)})}
+    )
+    planned = len(budgeted.trial_keys())
+    assert estimate_cost(budgeted, [], "plain") == (
+        pytest.approx(6.0 / planned),
+        f"budget.max_cost_usd over its {planned} planned trials (no known cost of variant "
+        "plain yet, no trial_job_budget)",
+    )
 
 
 def test_finished_current_and_live_attempts_are_not_closed(exp: ResolvedExperiment) -> None:

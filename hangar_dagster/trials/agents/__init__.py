@@ -58,12 +58,14 @@ class AgentRun:
     turns: int
     tokens_in: int
     tokens_out: int
+    # What the run cost, or, when ``cost_unknown`` is set, the estimate of it (budgets count it).
     cost_usd: float
     fingerprint: dict[str, Any]  # turn 1: cli version, model, tools, instructions/skills digests
     output_tail: str
     error: str | None = None
     budget_stopped: bool = False  # stopped for passing max_cost_usd (an outcome, not infra)
     cached_tokens_in: int = 0  # of tokens_in, those the provider served from its prompt cache
+    cost_unknown: str | None = None  # why no list price gives the cost: stored null, estimated
 
 
 class Agent(ABC):

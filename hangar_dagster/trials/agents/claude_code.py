@@ -87,7 +87,8 @@ APPROVALS = {
 }
 NATIVE_MODES = {"default", "acceptEdits", "bypassPermissions", "plan", "dontAsk"}
 # Anthropic's list prices (prices.py, cache reads and writes at their own prices), used only
-# when the CLI reported no cost (it was killed before its result event). Unknown models cost 0.
+# when the CLI reported no cost (it was killed before its result event). An unknown model's
+# cost is unknown: estimated at the table's highest prices, and said so.
 PRICES = prices.ANTHROPIC
 TRANSCRIPT_LIMIT = 50_000_000  # bytes of the session transcript read back
 NO_SUCH_TOOL = "No such tool available"  # what Claude Code answers a call to a tool it lacks
@@ -224,8 +225,8 @@ def _tokens(usage: Any) -> Tokens:
 
 def estimate_cost(
     model: str, tokens_in: int, tokens_out: int, cached_in: int = 0, written_in: int = 0
-) -> float:
-    return prices.cost(PRICES, model, tokens_in, tokens_out, cached_in, written_in) or 0.0
+) -> float | prices.UnknownCost:
+    return prices.priced(PRICES, model, tokens_in, tokens_out, cached_in, written_in)
 
 
 def transcript_usage(home: Path, session_id: str | None) -> dict[str, Tokens]:
@@ -447,7 +448,9 @@ def live_cost(model: str) -> Callable[[dict[str, Any]], float | None]:
         if not isinstance(message, dict) or str(message.get("id")) in seen:
             return None
         seen.add(str(message.get("id")))
-        return estimate_cost(str(message.get("model") or model), *_tokens(message.get("usage")))
+        return prices.amount(
+            estimate_cost(str(message.get("model") or model), *_tokens(message.get("usage")))
+        )
 
     return cost_of
 
@@ -528,6 +531,7 @@ def to_run(
             }
         )
     cost = final.get("total_cost_usd")
+    cost_usd: float | prices.UnknownCost
     if isinstance(cost, int | float) and not isinstance(cost, bool):
         cost_usd = float(cost)
     else:
@@ -535,8 +539,12 @@ def to_run(
         stream.events.append(
             {
                 "type": "note",
-                "text": "Claude Code reported no cost (no result event): estimated from tokens "
-                f"with the adapter's price table ({cost_usd:g} USD; 0 for an unknown model)",
+                "text": "Claude Code reported no cost (no result event): "
+                + (
+                    f"cost unknown, estimated at {cost_usd.estimate_usd:g} USD ({cost_usd.basis})"
+                    if isinstance(cost_usd, prices.UnknownCost)
+                    else f"estimated from tokens with the adapter's price table ({cost_usd:g} USD)"
+                ),
             }
         )
     reported = (

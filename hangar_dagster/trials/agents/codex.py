@@ -35,7 +35,8 @@ totals are the sum of the turns. The turn-1 fingerprint takes ``cli_version`` an
 ``egress.jsonl``, and the instructions, skills and plugins digests from the
 files as placed (with whether the session shows Codex read the first two). Codex reports no
 cost: it is estimated from tokens with ``PRICES`` (OpenAI's list prices in
-``prices.py``, cached input at its cached price; 0 for an unknown model,
+``prices.py``, cached input at its cached price; for an unknown model the cost is
+unknown and estimated at the table's highest prices,
 with a note in the trace). While it runs, the session file is followed for
 its token counts so a trial budget (``ctx.max_cost_usd``) can stop it.
 """
@@ -99,17 +100,19 @@ SESSIONS_LIMIT = 20_000_000  # bytes of the session file read back
 EGRESS_LIMIT = 5_000_000
 POLL_S = 0.2
 # Codex reports tokens but no cost: priced with OpenAI's list prices (prices.py), cached
-# input at its cached price. Unknown models cost 0 (with a note in the trace).
+# input at its cached price. An unknown model's cost is unknown: estimated, and said so.
 PRICES = prices.OPENAI
 CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
 OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 REFUSED_PREFIX = "unsupported call"  # what Codex answers a call to a tool it did not offer
 
 
-def estimate_cost(model: str, tokens_in: int, tokens_out: int, cached_in: int = 0) -> float | None:
-    """USD for these tokens (cached input at the cached price), or None when ``model`` is not
-    in ``PRICES``."""
-    return prices.cost(PRICES, model, tokens_in, tokens_out, cached_in)
+def estimate_cost(
+    model: str, tokens_in: int, tokens_out: int, cached_in: int = 0
+) -> float | prices.UnknownCost:
+    """USD for these tokens (cached input at the cached price); for a model not in ``PRICES``,
+    an upper estimate (``prices.upper_estimate``)."""
+    return prices.priced(PRICES, model, tokens_in, tokens_out, cached_in)
 
 
 # ---- what Codex printed: ``codex exec --json`` -------------------------------------
@@ -516,11 +519,13 @@ def live_cost(model: str) -> Callable[[dict[str, Any]], float | None]:
         total = info.get("total_token_usage") if isinstance(info, dict) else None
         if not isinstance(total, dict):
             return None
-        return estimate_cost(
-            model,
-            as_int(total.get("input_tokens")),
-            as_int(total.get("output_tokens")),
-            as_int(total.get("cached_input_tokens")),
+        return prices.amount(
+            estimate_cost(
+                model,
+                as_int(total.get("input_tokens")),
+                as_int(total.get("output_tokens")),
+                as_int(total.get("cached_input_tokens")),
+            )
         )
 
     return cost_of
@@ -593,11 +598,11 @@ def to_run(
     events.append(
         {
             "type": "note",
-            "text": f"Codex reports no cost: {cost:g} USD estimated from tokens with the "
-            "codex adapter's price table"
-            if cost is not None
-            else f"Codex reports no cost and {model!r} is not in the codex adapter's price "
-            "table: cost recorded as 0",
+            "text": f"Codex reports no cost and {model!r} is not in the codex adapter's price "
+            f"table: cost unknown, estimated at {cost.estimate_usd:g} USD ({cost.basis})"
+            if isinstance(cost, prices.UnknownCost)
+            else f"Codex reports no cost: {cost:g} USD estimated from tokens with the "
+            "codex adapter's price table",
         }
     )
     reported = f"reported an error: {clip(output.errors[-1])}" if output.errors else None
@@ -606,7 +611,7 @@ def to_run(
         events=events,
         turns=turns,
         tokens=tokens,
-        cost_usd=cost or 0.0,
+        cost_usd=cost,
         fingerprint=fingerprint(ctx, session, tools, digests),
         error=ending_error("Codex", ctx, result, budget_stopped=budget_stopped, reported=reported),
         budget_stopped=budget_stopped,

@@ -28,8 +28,9 @@ reported, its tokens with the cached ones apart, litellm's cost), its
 a tool call is a turn too (mini keeps it in the ``FormatError`` message it
 answers with), and the calls of a response mini refused are ``tool_call``
 events marked ``refused``; the run's totals are the sum of the turns. The cost is mini-swe-agent's own
-(``info.model_stats.instance_cost``; 0 when litellm has no price for the
-model, with a note). The turn-1 fingerprint takes ``cli_version`` from the
+(``info.model_stats.instance_cost``); when litellm has no price for the model the cost is
+unknown, estimated at the highest prices hangar lists, with a note (mini's own ``-l`` limit
+then counts nothing: a trial budget does not stop it). The turn-1 fingerprint takes ``cli_version`` from the
 trajectory's ``mini_version``, the model from the first response, the tools
 from the first request the proxy logged, and the instructions and skills
 digests from the lock's files, with whether the first prompt carried them.
@@ -48,7 +49,7 @@ import yaml
 from hangar_dagster.experiment.harness import HarnessError, tree_digest
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent import sandbox_path
-from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun
+from hangar_dagster.trials.agents import NO_BYTECODE_ENV, Agent, AgentContext, AgentRun, prices
 from hangar_dagster.trials.agents.install import (
     find_cli,
     lock_instructions,
@@ -358,7 +359,8 @@ def sandbox_env(ctx: AgentContext, access: ModelAccess) -> dict[str, str]:
         "HOME": HOME_MOUNT,
         "MSWEA_GLOBAL_CONFIG_DIR": f"{HOME_MOUNT}/mini-swe-agent",
         "MSWEA_CONFIGURED": "true",  # skip the first-run setup prompt
-        # An unknown model's cost is recorded as 0 (with a note) instead of failing the run.
+        # An unknown model's cost is 0 to litellm instead of failing the run; the adapter then
+        # records it as unknown, with an estimate (prices.upper_estimate).
         "MSWEA_COST_TRACKING": "ignore_errors",
         # litellm would fetch its price list from the internet at import.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -410,12 +412,21 @@ def to_run(
     ctx: AgentContext, result: SandboxResult, traj: Trajectory, tools: list[str] | None
 ) -> AgentRun:
     events = list(traj.events)
+    cost: float | prices.UnknownCost = traj.cost_usd
     if traj.turns and traj.cost_usd == 0:
+        # Any provider's model: its tokens at the highest prices hangar lists for either.
+        cost = prices.upper_estimate(
+            [prices.ANTHROPIC, prices.OPENAI],
+            ctx.model,  # the pinned id, not litellm's provider-prefixed name
+            traj.tokens_in,
+            traj.tokens_out,
+            traj.cached_in,
+        )
         events.append(
             {
                 "type": "note",
-                "text": f"mini-swe-agent (litellm) has no price for {traj.model_name!r}: "
-                "cost recorded as 0",
+                "text": f"mini-swe-agent (litellm) has no price for {traj.model_name!r}: cost "
+                f"unknown, estimated at {cost.estimate_usd:g} USD ({cost.basis})",
             }
         )
     budget_stopped = ctx.max_cost_usd is not None and traj.exit_status == "LimitsExceeded"
@@ -434,7 +445,7 @@ def to_run(
         events=events,
         turns=traj.turns,
         tokens=(traj.tokens_in, traj.tokens_out, traj.cached_in),
-        cost_usd=traj.cost_usd,
+        cost_usd=cost,
         fingerprint=fingerprint(ctx, traj, tools),
         error=error,
         budget_stopped=budget_stopped,

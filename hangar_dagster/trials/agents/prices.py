@@ -14,7 +14,9 @@ bundled price map (model_prices_and_context_window_backup.json in the litellm th
 mini-swe-agent 2.4.6 installs): every entry that map has agrees on input, cached input,
 output and cache-write prices; claude-opus-4 (the pre-4.5 one) and claude-3-5-haiku are not
 in it and stay unchecked.
-An unknown model has no price: the adapter records 0 with a note in the trace.
+An unknown model has no list price. Unknown is not free: its cost is recorded as unknown
+(null), with an estimate beside it, its tokens priced at the highest prices of the adapter's
+table (``upper_estimate``), and budgets count that estimate (docs/data.md, "Unknown costs").
 """
 
 from __future__ import annotations
@@ -78,3 +80,63 @@ def cost(
         + cache_write_in * write
         + tokens_out * price.output
     ) / 1_000_000
+
+
+@dataclass(frozen=True)
+class UnknownCost:
+    """An estimate of a cost no list price gives, and what it rests on (stored beside a null
+    ``cost_usd``: ``cost_estimate_usd``, ``cost_basis``)."""
+
+    estimate_usd: float
+    basis: str
+
+
+def upper_estimate(
+    tables: list[dict[str, Price]],
+    model: str,
+    tokens_in: int,
+    tokens_out: int,
+    cached_in: int = 0,
+    cache_write_in: int = 0,
+) -> UnknownCost:
+    """``model``'s tokens at the highest price of each kind in ``tables``.
+
+    An upper estimate rather than 0 or a guess at the family: a budget that counts it stops a
+    run of a model nobody priced before it overspends, not after.
+    """
+    prices = [p for table in tables for p in table.values()]
+    top = Price(
+        input=max(p.input for p in prices),
+        cached_input=max(p.cached_input for p in prices),
+        output=max(p.output for p in prices),
+        cache_write=max(p.input if p.cache_write is None else p.cache_write for p in prices),
+    )
+    estimate = cost({model: top}, model, tokens_in, tokens_out, cached_in, cache_write_in)
+    assert estimate is not None  # priced by the one-entry table just built
+    return UnknownCost(
+        round(estimate, 6),
+        f"no list price for {model!r}: its tokens ({tokens_in} in, {cached_in} of them cached,"
+        f" {tokens_out} out) at the highest prices hangar lists (${top.input:g} in,"
+        f" ${top.cached_input:g} cached, ${top.output:g} out per million tokens)",
+    )
+
+
+def priced(
+    table: dict[str, Price],
+    model: str,
+    tokens_in: int,
+    tokens_out: int,
+    cached_in: int = 0,
+    cache_write_in: int = 0,
+) -> float | UnknownCost:
+    """USD at ``model``'s list price in ``table``, or, for a model it does not list, the
+    upper estimate over it."""
+    listed = cost(table, model, tokens_in, tokens_out, cached_in, cache_write_in)
+    if listed is not None:
+        return listed
+    return upper_estimate([table], model, tokens_in, tokens_out, cached_in, cache_write_in)
+
+
+def amount(c: float | UnknownCost) -> float:
+    """What a budget counts: the cost, or the estimate of an unknown one."""
+    return c.estimate_usd if isinstance(c, UnknownCost) else c

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hangar_dagster.trials.agents import AgentContext, AgentRun
+from hangar_dagster.trials.agents.prices import UnknownCost
 from hangar_dagster.trials.model_proxy import ModelAccess
 from hangar_dagster.trials.sandbox import Mount, SandboxRequest, SandboxResult
 
@@ -123,12 +124,16 @@ def agent_run(
     events: list[dict[str, Any]],
     turns: int,
     tokens: tuple[int, int] | tuple[int, int, int],
-    cost_usd: float,
+    cost_usd: float | UnknownCost,
     fingerprint: dict[str, Any],
     error: str | None,
     budget_stopped: bool,
 ) -> AgentRun:
     """The ``AgentRun`` of a finished sandbox run; ``tokens`` is (in, out[, cached in])."""
+    if isinstance(cost_usd, UnknownCost):
+        cost, unknown = cost_usd.estimate_usd, cost_usd.basis
+    else:
+        cost, unknown = cost_usd, None
     output = result.stdout + (f"\n--- stderr ---\n{result.stderr}" if result.stderr else "")
     return AgentRun(
         exit_code=result.exit_code,
@@ -138,7 +143,8 @@ def agent_run(
         tokens_in=tokens[0],
         tokens_out=tokens[1],
         cached_tokens_in=tokens[2] if len(tokens) > 2 else 0,
-        cost_usd=cost_usd,
+        cost_usd=cost,
+        cost_unknown=unknown,
         fingerprint=fingerprint,
         output_tail=output[-TAIL_CHARS:],
         error=error,

@@ -22,7 +22,7 @@ from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.retries import plan_retries
 from hangar_dagster.settings import Settings
 from hangar_dagster.standins.model import Reply, Script, ScriptedEndpoint, ToolCall
-from hangar_dagster.trials.agents import AgentContext, get_agent
+from hangar_dagster.trials.agents import AgentContext, get_agent, prices
 from hangar_dagster.trials.agents.codex import (
     CodexAgent,
     config_toml,
@@ -165,7 +165,8 @@ def test_session_sample_gives_turn_one_facts() -> None:
 def test_price_table_and_provider_config() -> None:
     assert estimate_cost("gpt-5-mini-2025-08-07", 1_000_000, 0) == 0.25
     assert estimate_cost(MODEL, 1_000_000, 1_000_000) == 11.25
-    assert estimate_cost("some-local-model", 10, 10) is None
+    unknown = estimate_cost("some-local-model", 10, 10)  # unknown, not free
+    assert isinstance(unknown, prices.UnknownCost) and unknown.estimate_usd > 0
     toml = config_toml('gpt-"odd"', "http://127.0.0.1:5555/")
     assert 'model = "gpt-\\"odd\\""' in toml
     assert 'base_url = "http://127.0.0.1:5555/v1"' in toml and 'wire_api = "responses"' in toml

@@ -87,7 +87,7 @@ def test_codex_cost_prices_cached_input_at_the_cached_price() -> None:
     assert estimate_cost(GPT, 1000, 50, 600) == pytest.approx(
         (400 * 1.25 + 600 * 0.125 + 500) / 1e6
     )
-    assert estimate_cost("some-local-model", 10, 10, 5) is None
+    assert isinstance(estimate_cost("some-local-model", 10, 10, 5), prices.UnknownCost)
     # Anthropic: cache reads at 0.1x, writes at 1.25x the input price.
     assert prices.cost(prices.ANTHROPIC, CLAUDE, 300, 0, 100, 100) == pytest.approx(
         (100 * 3.0 + 100 * 0.3 + 100 * 3.75) / 1e6
@@ -382,3 +382,34 @@ def test_claude_call_to_a_tool_it_has_not_is_marked_refused() -> None:
         ("fetch_url", True),
         ("Bash", False),  # a failed command is an error, not a refusal
     ]
+
+
+@needs_bwrap
+def test_real_mini_with_a_model_nobody_prices_stores_its_cost_as_unknown_with_an_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: litellm has no price for a local model, mini reports 0, and hangar stored
+    cost_usd 0.0: an unpriced model's trials looked free to every budget."""
+    binary = ensure_pip_cli("mini-swe-agent", VERSIONS["mini-swe-agent"], "mini")
+    replies = [
+        Reply(
+            tool_calls=(
+                ToolCall("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
+            ),
+            usage=(1000, 50, 0),
+        )
+    ]
+    agent = {
+        "adapter": "mini-swe-agent",
+        "cli": "mini-swe-agent",
+        "version": VERSIONS["mini-swe-agent"],
+    }
+    model = "qwen-local-7b"
+    run, _ = run_cli(tmp_path, monkeypatch, binary, agent, model, replies, "HANGAR_OPENAI_BASE_URL")
+    assert run.cost_unknown is not None and f"no list price for {model!r}" in run.cost_unknown
+    expected = prices.upper_estimate(
+        [prices.ANTHROPIC, prices.OPENAI], model, run.tokens_in, run.tokens_out
+    )
+    assert run.tokens_in == 1000 and expected.estimate_usd > 0
+    assert run.cost_usd == pytest.approx(expected.estimate_usd)
+    assert any("cost unknown, estimated at" in str(e.get("text")) for e in run.events)
