@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hangar_dagster.queue.budget import Caps
     from hangar_dagster.queue.window import EvalWindow
+    from hangar_dagster.trials.sandbox import SandboxRuntime
 
 HOME_VAR = "HANGAR_HOME"
 DAGSTER_HOME_VAR = "DAGSTER_HOME"
@@ -44,6 +45,11 @@ RUNNER_DIR_VAR = "HANGAR_RUNNER_DIR"
 STORE_VAR = "HANGAR_STORE"
 STORE_CATALOG_VAR = "HANGAR_STORE_CATALOG"
 STORE_DATA_VAR = "HANGAR_STORE_DATA"
+SANDBOX_RUNTIME_VAR = "HANGAR_SANDBOX_RUNTIME"
+SANDBOX_IMAGE_VAR = "HANGAR_SANDBOX_IMAGE"
+# Not hangar's: where this process's temporary (and the Docker sandbox's control) dirs go.
+TMPDIR_VAR = "TMPDIR"
+SANDBOX_RUNTIMES = ("host", "image")
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,11 @@ class Settings:
     store_mode: str = "embedded"
     store_catalog: str = field(default="", repr=False)  # may carry a password
     store_data: str = ""
+    # Where the Docker sandbox's runtime comes from (host: bound from here; image: the sandbox
+    # image carries it) and the sandbox image then (docs/operations.md, "Beyond one machine").
+    sandbox_runtime_mode: str = ""
+    sandbox_image: str | None = None
+    tmpdir: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -196,6 +207,9 @@ class Settings:
             store_mode=_text(env, STORE_VAR) or "embedded",
             store_catalog=_text(env, STORE_CATALOG_VAR),
             store_data=_text(env, STORE_DATA_VAR),
+            sandbox_runtime_mode=_text(env, SANDBOX_RUNTIME_VAR),
+            sandbox_image=_text(env, SANDBOX_IMAGE_VAR) or None,
+            tmpdir=_text(env, TMPDIR_VAR) or None,
         )
 
     @property
@@ -206,6 +220,23 @@ class Settings:
     def store(self) -> StoreConfig:
         """The results store backend; ``Store(settings.paths)`` builds it."""
         return StoreConfig(self.store_mode, self.store_catalog, self.store_data)
+
+    @property
+    def sandbox_runtime(self) -> SandboxRuntime:
+        """What container sandboxes bind of hangar's runtime; ValueError naming a bad value."""
+        from hangar_dagster.trials.sandbox import SandboxRuntime
+
+        mode = self.sandbox_runtime_mode or "host"
+        if mode not in SANDBOX_RUNTIMES:
+            raise ValueError(
+                f"{SANDBOX_RUNTIME_VAR}={mode!r}: must be 'host' (bind this process's Python "
+                "and hangar into each sandbox) or 'image' (the sandbox image carries them: "
+                "hangar runs in the project image, deploy/docker)"
+            )
+        if mode == "host":
+            return SandboxRuntime(image=self.sandbox_image)
+        shared = (self.home, *((Path(self.tmpdir).resolve(),) if self.tmpdir else ()))
+        return SandboxRuntime(in_image=True, image=self.sandbox_image, shared=shared)
 
     # The queue's modules own their values' rules and error messages; they import this module
     # (the store does too), so they are imported here when a value is asked for.

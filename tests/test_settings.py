@@ -93,6 +93,29 @@ def test_a_bad_value_fails_where_it_is_used_naming_its_variable() -> None:
     assert s.breaker_streak == 5
 
 
+def test_the_sandbox_runtime_setting_names_its_variable_and_the_shared_dirs(
+    tmp_path: Path,
+) -> None:
+    default = Settings.from_env({"HANGAR_HOME": str(tmp_path)}).sandbox_runtime
+    assert (default.in_image, default.image, default.shared) == (False, None, ())
+    s = Settings.from_env(
+        {
+            "HANGAR_HOME": str(tmp_path / "h"),
+            "TMPDIR": str(tmp_path / "t"),
+            "HANGAR_SANDBOX_RUNTIME": "image",
+            "HANGAR_SANDBOX_IMAGE": "hangar-dagster:local",
+        }
+    )
+    runtime = s.sandbox_runtime
+    assert (runtime.in_image, runtime.image) == (True, "hangar-dagster:local")
+    assert runtime.shared == (tmp_path / "h", tmp_path / "t")
+    # Without TMPDIR the control dirs would land in the container's own /tmp: not shared.
+    no_tmp = Settings.from_env({"HANGAR_HOME": str(tmp_path), "HANGAR_SANDBOX_RUNTIME": "image"})
+    assert no_tmp.sandbox_runtime.shared == (tmp_path,)
+    with pytest.raises(ValueError, match="HANGAR_SANDBOX_RUNTIME='container'"):
+        _ = Settings.from_env({"HANGAR_SANDBOX_RUNTIME": "container"}).sandbox_runtime
+
+
 @pytest.mark.integration  # a real dg.materialize
 def test_the_resource_carries_the_settings_and_the_keys_only_as_env_vars(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -383,7 +383,7 @@ def _run_build(
     log: list[str] = [f"# build {plan.digest} of {plan.repo} at {plan.base_sha}\n"]
     try:
         isolated_clone(plan.repo, plan.base_sha, tmp / "repo")
-        sandbox = get_sandbox(plan.sandbox)
+        sandbox = get_sandbox(plan.sandbox, image=plan.image, runtime=settings.sandbox_runtime)
         venv, repo = root / "venv", root / "repo"
         # Hangar's own steps first: the venv from the base interpreter, then the pinned runner.
         steps = [

@@ -128,12 +128,13 @@ def _tar_rootfs(rootfs: Path, ca_bundle: Path, out: Path) -> None:
                 tar.addfile(info, f)
 
 
-def cached_image(client: Any, digest: str) -> str | None:
-    """The id of the base image if it exists and was built from the recipe ``digest``."""
+def cached_image(client: Any, digest: str, ref: str = BASE_IMAGE) -> str | None:
+    """The id of the image ``ref`` (the base image) if it exists and was built from the recipe
+    ``digest``."""
     import docker.errors
 
     try:
-        image = client.images.get(BASE_IMAGE)
+        image = client.images.get(ref)
     except docker.errors.ImageNotFound:
         return None
     labels = (image.attrs.get("Config") or {}).get("Labels") or {}

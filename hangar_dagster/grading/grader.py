@@ -72,7 +72,7 @@ from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import mask
 from hangar_dagster.trials.model_proxy import EGRESS_NAME
 from hangar_dagster.trials.redact import redact
-from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, get_sandbox
+from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, SandboxRuntime, get_sandbox
 from hangar_dagster.trials.sandbox._common import Capture
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import remove_tree, write_atomic
@@ -453,6 +453,7 @@ def run_grader(
                 return _run_sealed(
                     experiment, task_id, patch, label, env_extra, expected_tests, started,
                     work, pipes, grant, built or runner_env, runner_env,
+                    settings.sandbox_runtime,
                 )  # fmt: skip
         except (MirrorError, EgressError) as err:
             return _failed(f"grader network mirror: {err}", started)
@@ -475,6 +476,7 @@ def _run_sealed(
     grant: EgressGrant,
     built: Built,
     runner_env: Built,
+    runtime: SandboxRuntime,
 ) -> GraderRun:
     """``run_grader`` in its work dir with its way out (``grant``); ``pipes`` are closed by it."""
     grader = experiment.spec.grader
@@ -539,7 +541,9 @@ def _run_sealed(
     }
     environment = experiment.spec.environment
     labels = {"hangar.experiment": experiment.experiment_id, "hangar.grade": label}
-    sandbox = get_sandbox(environment.sandbox, image=environment.image, labels=labels)
+    sandbox = get_sandbox(
+        environment.sandbox, image=environment.image, labels=labels, runtime=runtime
+    )
     env["HANGAR_TEST_PYTHON"] = str(built.python)
     # After grade-bin: the `hangar-grade` found first stays hangar's own.
     sandbox = built.sandbox(sandbox, repo, venv_first=False)

@@ -47,6 +47,10 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     store_mode: str = "embedded"  # the results store backend (docs/data.md)
     store_catalog: str | None = None  # an EnvVar (it may hold a password)
     store_data: str = ""
+    # The Docker sandbox's runtime source (docs/operations.md, "Beyond one machine: Docker").
+    sandbox_runtime_mode: str = ""
+    sandbox_image: str | None = None
+    tmpdir: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HangarResource:
@@ -71,6 +75,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             store_mode=settings.store.mode,
             store_catalog=dg.EnvVar(STORE_CATALOG_VAR) if settings.store.catalog else None,
             store_data=settings.store.data,
+            sandbox_runtime_mode=settings.sandbox_runtime_mode,
+            sandbox_image=settings.sandbox_image,
+            tmpdir=settings.tmpdir,
         )
 
     def settings(self) -> Settings:
@@ -97,6 +104,9 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             store_mode=self.store_mode,
             store_catalog=self.store_catalog or "",
             store_data=self.store_data,
+            sandbox_runtime_mode=self.sandbox_runtime_mode,
+            sandbox_image=self.sandbox_image,
+            tmpdir=self.tmpdir,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -210,6 +210,7 @@ def _prepare(
             environment.sandbox,
             image=environment.image,
             labels={"hangar.experiment": exp.experiment_id, "hangar.trial": req.key.key},
+            runtime=settings.sandbox_runtime,
         )
         state.sandbox_info = sandbox.describe()
     except SandboxUnavailable as err:

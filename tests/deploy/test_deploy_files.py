@@ -5,6 +5,7 @@ Pins the bug the issue names: launcher YAML in the docs that no test ever loaded
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,28 @@ def test_compose_services_share_one_image_and_the_same_host_path() -> None:
         vols = services[name]["volumes"]
         # Same path inside and outside: sandboxes are bind-mounted through the host's engine.
         assert "${HANGAR_SHARED}:${HANGAR_SHARED}" in vols, name
+
+
+def test_run_workers_carry_the_compose_project_labels_so_down_removes_them(monkeypatch) -> None:
+    # The bug: run workers DockerRunLauncher starts carry no compose label, so `docker-compose
+    # down --remove-orphans` leaves them. dagster.yaml cannot set it (no env substitution inside
+    # container_kwargs); the code server's container context does, merged with the launcher's.
+    from dagster_docker.container_context import DockerContainerContext
+
+    monkeypatch.setenv("HANGAR_DEPLOY_NETWORK", "hangar_default")
+    env = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]["user_code"][
+        "environment"
+    ]
+    raw = env["DAGSTER_CONTAINER_CONTEXT"].replace("${COMPOSE_PROJECT_NAME}", "hangar")
+    launcher = yaml.safe_load((DOCKER / "dagster.yaml").read_text())["run_launcher"]["config"]
+    merged = DockerContainerContext(container_kwargs=launcher["container_kwargs"]).merge(
+        DockerContainerContext.create_from_config(json.loads(raw))
+    )
+    assert merged.container_kwargs["labels"] == {
+        "com.docker.compose.project": "hangar",
+        "com.docker.compose.oneoff": "False",  # compose v1 lists only these as orphans
+    }
+    # The shallow merge keeps the launcher's socket mount.
+    assert "/var/run/docker.sock:/var/run/docker.sock" in merged.container_kwargs["volumes"]
+    # And the run worker gets what its sandboxes need to run from the project image.
+    assert {"HANGAR_SANDBOX_RUNTIME", "HANGAR_SANDBOX_IMAGE", "TMPDIR"} <= set(launcher["env_vars"])

@@ -80,6 +80,25 @@ class SandboxRequest:
 
 
 @dataclass(frozen=True)
+class SandboxRuntime:
+    """Where a container sandbox gets the Python runtime and hangar's package.
+
+    ``in_image`` false (``HANGAR_SANDBOX_RUNTIME=host``, the default): bound from this process's
+    own paths, which the engine must see as they are (hangar runs on the engine's host). True
+    (``image``): hangar runs in a container of the project image and the sandbox image carries
+    the same runtime at the same paths (the image's ``hangar.runtime`` label names the prefix),
+    so nothing of it is bound; the engine resolves every bind source on its own host, so each
+    must lie under one of ``shared`` (mounted at the same path in hangar's container and on the
+    engine's host: ``HANGAR_HOME`` and ``TMPDIR``). ``image``: the sandbox image when neither
+    the request nor the spec names one (``HANGAR_SANDBOX_IMAGE``).
+    """
+
+    in_image: bool = False
+    image: str | None = None
+    shared: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
 class SandboxResult:
     exit_code: int | None  # None when killed for the time limit
     timed_out: bool
@@ -92,10 +111,17 @@ class SandboxResult:
 class Sandbox(ABC):
     name: str
 
-    def __init__(self, image: str | None = None, labels: dict[str, str] | None = None) -> None:
-        """``image``/``labels``: defaults for container backends (the namespace ones ignore them)."""
+    def __init__(
+        self,
+        image: str | None = None,
+        labels: dict[str, str] | None = None,
+        runtime: SandboxRuntime | None = None,
+    ) -> None:
+        """``image``/``labels``/``runtime``: for container backends (the namespace ones ignore
+        them; their runtime is always the host's)."""
         self.image = image
         self.labels = dict(labels or {})
+        self.runtime = runtime or SandboxRuntime()
 
     @abstractmethod
     def run(self, request: SandboxRequest) -> SandboxResult:
@@ -114,9 +140,13 @@ _BACKENDS = {
 
 
 def get_sandbox(
-    name: str, image: str | None = None, labels: dict[str, str] | None = None
+    name: str,
+    image: str | None = None,
+    labels: dict[str, str] | None = None,
+    runtime: SandboxRuntime | None = None,
 ) -> Sandbox:
-    """The backend ``name``; ``image`` and ``labels`` reach container backends' requests."""
+    """The backend ``name``; ``image``, ``labels`` and ``runtime`` (``Settings.sandbox_runtime``)
+    reach container backends."""
     try:
         target = _BACKENDS[name]
     except KeyError:
@@ -125,4 +155,4 @@ def get_sandbox(
         ) from None
     module, cls = target.split(":")
     backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
-    return backend(image=image, labels=labels)
+    return backend(image=image, labels=labels, runtime=runtime)

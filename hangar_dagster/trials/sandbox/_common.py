@@ -94,7 +94,9 @@ def runtime_dirs() -> list[str]:
     return dirs
 
 
-def sandbox_mounts(request: SandboxRequest, *, etc_from_host: bool = True) -> list[Mount]:
+def sandbox_mounts(
+    request: SandboxRequest, *, etc_from_host: bool = True, profile: bool = True
+) -> list[Mount]:
     """The request's mounts, then hangar's ``/etc/profile`` over the system's.
 
     Every backend mounts these (the one place the login-shell fix lives): a login shell an
@@ -102,10 +104,10 @@ def sandbox_mounts(request: SandboxRequest, *, etc_from_host: bool = True) -> li
     system's ``/etc/profile``, which resets ``PATH`` and drops the trial's venv.
     ``etc_from_host``: ``/etc`` is the host's, bound read-only, where a bind needs the file to
     exist (a host without ``/etc/profile`` has nothing that resets ``PATH``); a container
-    engine makes the mount point itself.
+    engine makes the mount point itself. ``profile`` False: the image has it in place.
     """
     mounts = list(request.mounts)
-    if not etc_from_host or Path(PROFILE_TARGET).is_file():
+    if profile and (not etc_from_host or Path(PROFILE_TARGET).is_file()):
         mounts.append(Mount(LOGIN_PROFILE, PROFILE_TARGET))
     return mounts
 

@@ -2,7 +2,8 @@
 
 Chosen by ``environment.sandbox: docker``; the image is the request's
 ``image`` (callers pass the pinned ``environment.image``), else the backend's,
-else the base image ``hangar-base:bookworm`` that ``hangar image build`` makes.
+else ``HANGAR_SANDBOX_IMAGE``, else the base image ``hangar-base:bookworm`` that
+``hangar image build`` makes.
 The container gets what a namespace sandbox gets: the host's Python runtime
 and hangar's package (``_common.runtime_dirs()``) and the request's mounts
 bound read-only at their host paths (the image is Debian bookworm like the
@@ -14,6 +15,14 @@ and pids/memory/CPU limits. Every container carries ``hangar.managed=1``, its
 owner process and any labels the caller gives (experiment, trial), and is
 removed when ``run`` returns, whatever happened; ``cleanup_leftovers`` removes
 those whose owner process is gone (a crashed run).
+
+With ``HANGAR_SANDBOX_RUNTIME=image`` (``SandboxRuntime.in_image``: hangar itself runs in a
+container of the project image, deploy/docker, talking to the host's engine) the runtime is
+not bound: the engine would look for ``/opt/hangar`` on its own host. The sandbox image must
+then carry it at the same paths (its ``hangar.runtime`` label equals this ``sys.prefix``; it
+also holds the login profile at ``/etc/profile``), and every bind source (control dir,
+workdir, mounts) must lie under a directory shared at the same path with the engine's host
+(``HANGAR_HOME``, ``TMPDIR``), else the run is refused naming the path.
 
 Pid 1 is ``_docker_init`` (hangar's own code, standard library only): it runs
 the command as an unprivileged user, the request's ``run_as`` or, without
@@ -53,12 +62,15 @@ from hangar_dagster.trials.sandbox import (
     Sandbox,
     SandboxRequest,
     SandboxResult,
+    SandboxRuntime,
     SandboxUnavailable,
 )
 from hangar_dagster.trials.sandbox._common import check_request, runtime_dirs, sandbox_mounts
 
 MANAGED_LABEL = "hangar.managed"
 OWNER_LABEL = "hangar.owner"
+# On an image that carries hangar's runtime (deploy/docker/Dockerfile): its sys.prefix.
+RUNTIME_LABEL = "hangar.runtime"
 BASE_IMAGE = "hangar-base:bookworm"  # environment/image.py makes it
 CONTROL = "/run/hangar"  # the control directory inside the container
 # The unprivileged uid a command without run_as runs as when hangar is root: outside the
@@ -109,6 +121,43 @@ def _resolve(ref: str) -> tuple[str, tuple[str, ...]]:
             f"image {ref} is not on this Docker engine: run {hint} (see docs/operations.md)"
         ) from None
     return str(image.id), tuple(image.attrs.get("RepoDigests") or ())
+
+
+@functools.cache
+def _labels(ref: str) -> dict[str, str]:
+    return dict((client().images.get(ref).attrs.get("Config") or {}).get("Labels") or {})
+
+
+def check_runtime_image(ref: str, runtime: SandboxRuntime) -> None:
+    """With the runtime in the image: the image says it carries this process's, at its path."""
+    if not runtime.in_image:
+        return
+    _resolve(ref)
+    found = _labels(ref).get(RUNTIME_LABEL)
+    if found != sys.prefix:
+        raise SandboxUnavailable(
+            f"image {ref} does not carry hangar's runtime at {sys.prefix} (label "
+            f"{RUNTIME_LABEL}={found!r}), and HANGAR_SANDBOX_RUNTIME=image binds none: pin "
+            "environment.image (or HANGAR_SANDBOX_IMAGE) to the project image hangar runs in "
+            "(deploy/docker), or set HANGAR_SANDBOX_RUNTIME=host where hangar runs on the "
+            "engine's host"
+        )
+
+
+def check_shared(sources: list[Path], runtime: SandboxRuntime) -> None:
+    """With the runtime in the image: every bind source is under a shared directory."""
+    if not runtime.in_image:
+        return
+    for source in sources:
+        resolved = source.resolve()
+        if not any(resolved.is_relative_to(root) for root in runtime.shared):
+            roots = ", ".join(str(r) for r in runtime.shared) or "none"
+            raise SandboxUnavailable(
+                f"bind source {source} is outside the directories shared with the Docker "
+                f"engine's host at the same path ({roots}): the engine would bind its own "
+                "host's path. Keep HANGAR_HOME and TMPDIR under the shared mount "
+                "(HANGAR_SHARED, deploy/docker) and the mounts under them"
+            )
 
 
 def image_reference(ref: str) -> str:
@@ -278,12 +327,15 @@ class DockerSandbox(Sandbox):
     name = "docker"
 
     def _image_ref(self, request: SandboxRequest) -> str:
-        return request.image or self.image or BASE_IMAGE
+        return request.image or self.image or self.runtime.image or BASE_IMAGE
 
     def run(self, request: SandboxRequest) -> SandboxResult:
         check_request(request, needs_root=False)
         api = client().api
-        image_id, _ = _resolve(self._image_ref(request))
+        ref = self._image_ref(request)
+        image_id, _ = _resolve(ref)
+        check_runtime_image(ref, self.runtime)
+        check_shared([request.workdir, *(m.source for m in request.mounts)], self.runtime)
         if request.run_as is not None:
             uid, gid = request.run_as.uid, request.run_as.gid
         elif os.geteuid() == 0:
@@ -297,8 +349,10 @@ class DockerSandbox(Sandbox):
             for m in request.mounts:
                 if not m.writable:
                     _grant_read(m.source, uid)
+        # Under TMPDIR: with the runtime in the image, TMPDIR is on the shared mount.
         control = Path(tempfile.mkdtemp(prefix="hangar-docker-"))
         try:
+            check_shared([control], self.runtime)
             return self._run(api, image_id, request, uid, gid, control)
         finally:
             _hand_back(owners, uid)
@@ -341,11 +395,13 @@ class DockerSandbox(Sandbox):
         from docker.types import LogConfig, Mount
 
         mounts = [Mount(CONTROL, str(control), type="bind", read_only=False)]
-        for d in runtime_dirs():
+        in_image = self.runtime.in_image
+        for d in [] if in_image else runtime_dirs():
             mounts.append(Mount(d, d, type="bind", read_only=True))
         wd = str(request.workdir)
         mounts.append(Mount(wd, wd, type="bind", read_only=False))
-        for m in sandbox_mounts(request, etc_from_host=False):
+        # In the image the login profile is its /etc/profile already (deploy/docker/Dockerfile).
+        for m in sandbox_mounts(request, etc_from_host=False, profile=not in_image):
             mounts.append(Mount(m.target, str(m.source), type="bind", read_only=not m.writable))
         memory = (request.memory_mb + _MEMORY_HEADROOM_MB) * 1024 * 1024
         host_config = api.create_host_config(

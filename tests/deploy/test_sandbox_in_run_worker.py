@@ -1,0 +1,109 @@
+"""A Docker sandbox started from inside a run worker container (deploy/docker), for real.
+
+Pins the bug of issue 11 item 1: the run worker (a container of the project image, given the
+host's Engine socket) asked the host's engine to bind its own Python runtime by path
+(``/opt/hangar``), which the engine looks for on the host: "bind source path does not exist".
+The run worker is started as ``DockerRunLauncher`` starts one: the project image, the socket,
+the shared directory at the same path as on the host, ``HANGAR_HOME`` and ``TMPDIR`` in it.
+The project image is built once per recipe (a second run is a cache hit: no build).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangar_dagster.environment.project_image import build_project_image
+from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, _owner, client
+from tests.agent_clis import cache_dir
+
+pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("docker")]
+
+REPO = Path(__file__).resolve().parents[2]
+TAG = "hangar-dagster:test"  # not the operator's hangar-dagster:local
+SOCKET = "/var/run/docker.sock"
+
+# Runs in the run worker: hangar's own Docker backend, set up from the run worker's settings.
+SNIPPET = r"""
+import json, sys
+from hangar_dagster.settings import Settings
+from hangar_dagster.trials.sandbox import SandboxRequest, SandboxUnavailable, get_sandbox
+
+settings = Settings.from_env()
+wd = settings.paths.work / "wd"
+wd.mkdir(parents=True)
+(wd / "hello.txt").write_text("from the workdir\n")
+sandbox = get_sandbox("docker", runtime=settings.sandbox_runtime)
+# A login shell: the image's /etc/profile must be hangar's (PATH kept, so `python` is found).
+script = "python -c 'import sys; print(sys.prefix)'; cat hello.txt; echo PATH=$PATH"
+try:
+    res = sandbox.run(SandboxRequest(
+        argv=["/bin/sh", "-lc", script], workdir=wd,
+        env={"PATH": "/opt/hangar/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}, timeout_s=60,
+    ))
+    print(json.dumps({"exit": res.exit_code, "out": res.stdout, "err": res.stderr}))
+except SandboxUnavailable as err:
+    print(json.dumps({"unavailable": str(err)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def project_image(docker_base_image: str) -> str:
+    built = build_project_image(
+        client(), source=REPO, wheels_cache=cache_dir() / "project-wheels", tag=TAG
+    )
+    return built.image_id
+
+
+def run_worker(image: str, shared: Path, **env: str) -> dict[str, Any]:
+    """Run SNIPPET in a container started as DockerRunLauncher starts a run worker."""
+    shared_env = {"HANGAR_HOME": str(shared / "home"), "TMPDIR": str(shared / "tmp")}
+    (shared / "tmp").mkdir(parents=True, exist_ok=True)
+    c = client().containers.create(
+        image,
+        command=["python", "-c", SNIPPET],
+        environment={**shared_env, "HANGAR_SANDBOX_IMAGE": image, **env},
+        volumes={SOCKET: {"bind": SOCKET, "mode": "rw"}, str(shared): {"bind": str(shared)}},
+        # Found and removed by cleanup_leftovers if this test process dies mid-run.
+        labels={MANAGED_LABEL: "1", OWNER_LABEL: _owner()},
+    )
+    try:
+        c.start()
+        status = c.wait(timeout=180)
+        logs = c.logs(stdout=True, stderr=True).decode()
+    finally:
+        c.remove(force=True)
+    assert status["StatusCode"] == 0, logs
+    return dict(json.loads(logs.strip().splitlines()[-1]))
+
+
+def test_a_sandbox_started_from_a_run_worker_finds_the_runtime_in_its_image(
+    project_image: str, tmp_path: Path
+) -> None:
+    # The default, image: the project image sets HANGAR_SANDBOX_RUNTIME=image for its processes.
+    result = run_worker(project_image, tmp_path)
+    assert result.get("exit") == 0, result
+    assert result["out"].splitlines() == [
+        "/opt/hangar",  # the image's interpreter, nothing bound from a host path
+        "from the workdir",  # the workdir on the shared mount, bound through the host's engine
+        "PATH=/opt/hangar/bin:/usr/bin:/bin",  # hangar's login profile, from the image
+    ]
+
+
+def test_with_the_runtime_bound_from_the_host_the_engine_misses_it(
+    project_image: str, tmp_path: Path
+) -> None:
+    # What the backend did before HANGAR_SANDBOX_RUNTIME: bind /opt/hangar, which only the
+    # run worker has; the host's engine refuses it.
+    result = run_worker(project_image, tmp_path, HANGAR_SANDBOX_RUNTIME="host")
+    assert "bind source path does not exist: /opt/hangar" in result.get("unavailable", ""), result
+
+
+def test_a_second_build_with_the_same_recipe_is_a_cache_hit(project_image: str) -> None:
+    again = build_project_image(
+        client(), source=REPO, wheels_cache=cache_dir() / "project-wheels", tag=TAG
+    )
+    assert (again.cached, again.image_id) == (True, project_image)
