@@ -29,7 +29,13 @@ import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.orchestration.resources import HangarResource
-from hangar_dagster.orchestration.sensors import daemon_driven, in_flight, setup_gap, stage_runs
+from hangar_dagster.orchestration.sensors import (
+    daemon_driven,
+    foreign_daemon,
+    in_flight,
+    setup_gap,
+    stage_runs,
+)
 from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, stage_tags
 from hangar_dagster.queue.starts import OPEN_GRACE, blocker, open_schedule_name, pending
 from hangar_dagster.queue.window import EvalWindow
@@ -129,7 +135,10 @@ def build_open_schedule(
         context: dg.ScheduleEvaluationContext, hangar: HangarResource
     ) -> dg.RunRequest | dg.SkipReason:
         tick = context.scheduled_execution_time
-        return open_decision(context.instance, hangar.settings(), exp, tick, clock())
+        settings = hangar.settings()
+        if (refused := foreign_daemon(context.instance, settings)) is not None:
+            return dg.SkipReason(refused)
+        return open_decision(context.instance, settings, exp, tick, clock())
 
     return [eval_window_open]
 

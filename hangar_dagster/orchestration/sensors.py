@@ -34,6 +34,7 @@ from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.liveness import (
     TAG_CREATOR,
     launcher_gone,
+    not_under_the_ui,
     read_run_process,
     worker_gone,
 )
@@ -277,6 +278,21 @@ def drain_all(instance: dg.DagsterInstance, paths: HangarPaths) -> list[str]:
     return drained
 
 
+def foreign_daemon(instance: dg.DagsterInstance, settings: Settings) -> str | None:
+    """Why this daemon may not launch on ``instance`` (None: it may). Only hangar's embedded
+    instance (``HANGAR_HOME/dagster``) has the one-UI rule; a deployment's instance has its own
+    daemon and launchers with health checks (docs/operations.md)."""
+    from pathlib import Path
+
+    # HANGAR_HOME/dagster, not settings.dagster_home: DAGSTER_HOME pointed elsewhere (a
+    # deployment's, a test's) is not the embedded instance.
+    if Path(instance.root_directory).resolve() != (settings.paths.home / "dagster").resolve():
+        return None
+    if instance.run_launcher.supports_check_run_worker_health:  # Docker, Kubernetes: deployed
+        return None
+    return not_under_the_ui(settings.paths)
+
+
 def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:
     @dg.sensor(
         jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
@@ -285,7 +301,11 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
         context: dg.SensorEvaluationContext, hangar: HangarResource
     ) -> Iterator[dg.RunRequest | dg.SkipReason]:
         # The settings are read once per tick, from the resource the definitions were built with.
-        decisions = decide(context.instance, hangar.settings(), dt.datetime.now(dt.UTC))
+        settings = hangar.settings()
+        if (refused := foreign_daemon(context.instance, settings)) is not None:
+            yield dg.SkipReason(refused)
+            return
+        decisions = decide(context.instance, settings, dt.datetime.now(dt.UTC))
         for note in decisions.notes:
             context.log.warning(note)
         requested = False

@@ -152,3 +152,25 @@ def launcher_gone(paths: HangarPaths, starting_since: dt.datetime) -> str | None
         f" `hangar ui` that launched it is gone (this one, pid {holder}, started"
         f" {ui_start:%Y-%m-%d %H:%M:%S} UTC)"
     )
+
+
+def not_under_the_ui(paths: HangarPaths) -> str | None:
+    """Why this process may not launch runs on the home's embedded instance, or None.
+
+    There the launcher is the code server of the one `hangar ui` holding the home's lock, and
+    ``launcher_gone`` relies on it: a second daemon (``dagster dev`` or ``dagster-daemon``
+    started by hand on the same instance) would launch every run twice and its runs would be
+    taken for a dead UI's. So a sensor or schedule evaluated anywhere but below that UI
+    refuses to launch anything.
+    """
+    from hangar_dagster.util.procs import PidLock, ancestors
+
+    holder = PidLock(paths.ui_lock).holder()
+    if holder is not None and holder in ancestors(os.getpid()):
+        return None
+    who = f"`hangar ui` pid {holder} holds {paths.ui_lock}" if holder else "no `hangar ui` runs"
+    return (
+        f"refused: this daemon is not the `hangar ui`'s of HANGAR_HOME {paths.home} ({who});"
+        " a second daemon on the embedded instance would launch every run twice. Stop it and"
+        " run `hangar ui` (one per home)"
+    )

@@ -76,6 +76,16 @@ def started_at(pid: int) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
+def ancestors(pid: int) -> list[int]:
+    """The pids above ``pid``, its parent first, up to (not including) pid 0."""
+    out: list[int] = []
+    proc = read_proc(pid)
+    while proc is not None and proc.ppid > 0 and proc.ppid not in out:
+        out.append(proc.ppid)
+        proc = read_proc(proc.ppid)
+    return out
+
+
 def all_procs() -> list[Proc]:
     out = []
     for entry in os.scandir("/proc"):

@@ -187,3 +187,36 @@ def test_dagster_loads_the_lazy_definitions_from_the_workspace_module(
     assert done.returncode == 0, said
     assert "Validation successful for code location hangar" in said
     assert not (hangar_home / "dagster").exists()  # loading prepared no Dagster home
+
+
+def test_a_daemon_not_under_hangar_ui_launches_nothing_on_the_embedded_instance(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    """Regression: `dagster dev` (or `dagster-daemon`) started by hand on HANGAR_HOME's instance
+    beside, or instead of, `hangar ui` drove experiments too: two daemons launch every run twice,
+    and a second one's STARTING runs look like a dead UI's to the liveness check."""
+    from hangar_dagster.orchestration.instance import ensure_dagster_home
+    from tests.conftest import ui_lock_holder
+
+    first = submit(example_dir / "experiment.yaml", Settings.from_env())
+    (paths().experiment_dir(first.experiment_id) / DAEMON_MARKER).touch()
+    defs = build_definitions(Settings.from_env())
+    ensure_dagster_home(Settings.from_env())
+    with dg.DagsterInstance.get() as instance:  # the embedded one: HANGAR_HOME/dagster
+        alone = tick(defs, instance)
+        assert not alone.run_requests
+        said = str(alone.skip_message)
+        assert "refused: this daemon is not the `hangar ui`'s" in said
+        assert "no `hangar ui` runs" in said
+        ui = ui_lock_holder(hangar_home)  # a UI runs, but this tick is not below it
+        try:
+            beside = tick(defs, instance)
+            assert not beside.run_requests
+            assert f"`hangar ui` pid {ui.pid} holds" in str(beside.skip_message)
+        finally:
+            ui.kill()
+            ui.wait()
+    # The same definitions on another instance (a deployment's, a test's) are not refused.
+    with dg.instance_for_test() as other:
+        [request] = tick(defs, other).run_requests or []
+        assert request.job_name == f"{first.experiment_id}__spec_job"
