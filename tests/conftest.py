@@ -378,3 +378,36 @@ def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
         ).fetchall()
     finally:
         con.close()
+
+
+# --- a Docker sandbox container left behind by a run killed mid-command -----------------------
+_CRASHING_DOCKER_RUN = """
+import sys
+from pathlib import Path
+from hangar_dagster.trials.sandbox import SandboxRequest
+from hangar_dagster.trials.sandbox.docker import DockerSandbox
+print("starting", flush=True)
+DockerSandbox().run(SandboxRequest(argv=["/bin/sh", "-c", "echo up; sleep 120"],
+    workdir=Path(sys.argv[1]), env={"PATH": "/usr/bin:/bin"}, timeout_s=120,
+    on_stdout=lambda chunk: print("running", flush=True)))
+"""
+
+
+def crashed_docker_run(wd: Path) -> str:
+    """The id of the container a run left behind when it was SIGKILLed mid-command."""
+    from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, client
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_DOCKER_RUN, str(wd)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    while (line := proc.stdout.readline()) and line.strip() != "running":
+        pass
+    proc.kill()
+    proc.wait()
+    (left,) = [
+        c["Id"]
+        for c in client().api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"})
+        if c["Labels"][OWNER_LABEL].split(":")[1] == str(proc.pid)
+    ]
+    return left

@@ -124,9 +124,26 @@ def _serve(settings: Settings, port: int) -> int:
         left = stop_tree(os.getpid(), TREE_STOP_S)
         if left:
             err.print(f"[yellow]killed {len(left)} process(es) that outlived dagster dev[/]")
+        if removed := remove_orphan_containers():
+            err.print(f"[yellow]removed {removed} sandbox container(s) of the stopped runs[/]")
         url_file.unlink(missing_ok=True)
     # Stopped on request: the shell's convention (130 for SIGINT, 143 for SIGTERM).
     return 128 + stopping[0] if stopping else code
+
+
+def remove_orphan_containers() -> int:
+    """The Docker sandboxes of the run workers just stopped: they are children of dockerd, not
+    of us, so the sweep above cannot reach them; each names its owner process, now gone."""
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return 0  # no engine here: no Docker sandbox ran
+    from hangar_dagster.trials.sandbox import SandboxUnavailable
+    from hangar_dagster.trials.sandbox.docker import cleanup_leftovers
+
+    try:
+        return cleanup_leftovers()
+    except (SandboxUnavailable, ImportError) as e:  # the stop goes on; the next trials run retries
+        err.print(f"[yellow]could not look for sandbox containers left behind: {e}[/]")
+        return 0
 
 
 def _terminal_sent(sig: signal.Signals) -> bool:

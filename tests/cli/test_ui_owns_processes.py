@@ -16,7 +16,14 @@ import pytest
 from hangar_dagster.cli.ui import webserver_url
 from hangar_dagster.settings import Settings
 from hangar_dagster.util.procs import PidLock, Proc, alive, all_procs, descendants
-from tests.conftest import command_agent_spec, free_port, hangar, start_ui, write_spec
+from tests.conftest import (
+    command_agent_spec,
+    crashed_docker_run,
+    free_port,
+    hangar,
+    start_ui,
+    write_spec,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +70,9 @@ def stop(ui: subprocess.Popen[bytes], how: str) -> None:
     ui.wait(timeout=120)
 
 
-@pytest.mark.parametrize("how", ["SIGINT to hangar", "SIGKILL to its group"])
+@pytest.mark.parametrize(
+    "how", ["SIGINT to hangar", "SIGTERM to its group", "SIGKILL to its group"]
+)
 def test_stopping_the_ui_stops_its_run_workers_and_sandboxes(
     how: str, example_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,7 +113,7 @@ def test_stopping_the_ui_stops_its_run_workers_and_sandboxes(
             assert PidLock(home / "ui.lock").holder() is None
             assert webserver_url(Settings.from_env()) is None
         else:
-            assert ui.returncode == 130
+            assert ui.returncode == (130 if how == "SIGINT to hangar" else 143)
             assert not (home / "webserver.url").exists()
     finally:
         kill_leftovers(ui, tree)
@@ -126,3 +135,20 @@ def test_sigterm_to_the_ui_group_stops_the_webserver_daemon_and_code_server(
         assert not (home / "ui.lock").exists()
     finally:
         kill_leftovers(ui, tree)
+
+
+@pytest.mark.needs_sandbox("docker")
+def test_stopping_the_ui_removes_the_docker_sandboxes_of_its_killed_run_workers(
+    tmp_path: Path,
+) -> None:
+    """A Docker sandbox is dockerd's child, not the UI's: the process sweep cannot reach it,
+    and before this it ran on (here `sleep 120`) until the next trials run's cleanup."""
+    from hangar_dagster.cli.ui import remove_orphan_containers
+    from hangar_dagster.trials.sandbox.docker import client
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    left = crashed_docker_run(wd)  # its run worker was killed mid-command
+    assert left in [c["Id"] for c in client().api.containers(all=True)]
+    assert remove_orphan_containers() >= 1
+    assert left not in [c["Id"] for c in client().api.containers(all=True)]

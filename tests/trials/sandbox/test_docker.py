@@ -4,7 +4,6 @@ removal on every way out, leftovers of a crashed run, and pass_fds through the w
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from hangar_dagster.trials.sandbox.docker import (
     cleanup_leftovers,
     client,
 )
+from tests.conftest import crashed_docker_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("docker")]
 
@@ -188,40 +188,10 @@ def test_control_a_running_containers_is_listed(sandbox: DockerSandbox, wd: Path
     assert removed == [0]
 
 
-CRASHING_RUN = """
-import sys
-from pathlib import Path
-from hangar_dagster.trials.sandbox import SandboxRequest
-from hangar_dagster.trials.sandbox.docker import DockerSandbox
-print("starting", flush=True)
-DockerSandbox().run(SandboxRequest(argv=["/bin/sh", "-c", "echo up; sleep 120"],
-    workdir=Path(sys.argv[1]), env={"PATH": "/usr/bin:/bin"}, timeout_s=120,
-    on_stdout=lambda chunk: print("running", flush=True)))
-"""
-
-
 def test_leftovers_of_a_crashed_run_are_removed(sandbox: DockerSandbox, wd: Path) -> None:
-    left = crashed_run(wd)  # the run crashed: nothing removed its container
+    left = crashed_docker_run(wd)  # the run crashed: nothing removed its container
     assert cleanup_leftovers() >= 1
     assert left not in [c["Id"] for c in client().api.containers(all=True)]
-
-
-def crashed_run(wd: Path) -> str:
-    """The id of the container a run left behind when it was killed mid-command."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_RUN, str(wd)], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    while (line := proc.stdout.readline()) and line.strip() != "running":
-        pass
-    proc.kill()
-    proc.wait()
-    (left,) = [
-        c["Id"]
-        for c in client().api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"})
-        if c["Labels"][OWNER_LABEL].split(":")[1] == str(proc.pid)
-    ]
-    return left
 
 
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
@@ -233,7 +203,7 @@ def test_the_trials_stage_removes_leftovers_only_for_a_docker_experiment(
 
     from hangar_dagster.trials.stage import _remove_leftover_containers
 
-    left = crashed_run(wd)
+    left = crashed_docker_run(wd)
     task = {"repo": str(wd), "base_sha": "0" * 40, "hidden_files": {"t.py": ""}}
     exp = experiment({"t": task}, environment={"sandbox": backend})
     said: list[str] = []
