@@ -164,6 +164,7 @@ def assert_incomplete(ran: subprocess.CompletedProcess[str], reason: str, *also:
             "no further trial of this experiment starts",
         )),
     ],
+    ids=["breaker", "retry-cap"],
 )  # fmt: skip
 def test_a_run_stopped_by_the_breaker_or_the_retry_cap_exits_incomplete_and_says_why(
     example_dir: Path, tmp_path: Path, stop: str, streak: str, said: tuple[str, ...]
