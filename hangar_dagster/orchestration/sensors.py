@@ -68,7 +68,7 @@ class Decisions:
     requests: list[dg.RunRequest] = field(default_factory=list)
     waiting: list[str] = field(
         default_factory=list
-    )  # "<experiment>: <reason>", shown as the skip reason
+    )  # "<experiment>: <reason>": the skip reason, or the tick's log when it requests a run
     notes: list[str] = field(default_factory=list)  # what the tick did besides, for the log
 
 
@@ -200,7 +200,8 @@ def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=f"{exp.experiment_id}:{stage}:{n}",
         job_name=job_name(exp, stage),
-        tags=stage_tags(exp, stage),
+        # The job's tags name the experiment too; here the sensor can say whose job is not loaded.
+        tags=stage_tags(exp, stage) | {TAG_EXPERIMENT: exp.experiment_id},
     )
 
 
@@ -319,10 +320,14 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
                 yield request
             else:  # submitted after this code location loaded: it runs once the location reloads
                 decisions.waiting.append(
-                    f"{request.job_name} is not loaded yet; `hangar ui` reloads the code location when it"
-                    " sees a new experiment (elsewhere: Reload in the UI)"
+                    f"{request.tags.get(TAG_EXPERIMENT)}: not_loaded: its job {request.job_name} "
+                    "is not loaded yet; `hangar ui` reloads the code location when it sees a new "
+                    "experiment (elsewhere: Reload in the UI)"
                 )
         if not requested and decisions.waiting:
             yield dg.SkipReason("waiting: " + "; ".join(decisions.waiting))
+        else:  # a tick that requests shows no skip reason: the others' reasons go to its log
+            for why in decisions.waiting:
+                context.log.info(f"waiting: {why}")
 
     return experiment_driver

@@ -130,29 +130,64 @@ def test_a_signal_stops_starts_cuts_off_the_running_trial_and_says_how_to_resume
     assert [(v["trials"], v["graded"]) for v in got["summary"]] == [(2, 2)]
 
 
-def test_a_run_stopped_by_the_breaker_exits_incomplete_and_says_why(
-    example_dir: Path, tmp_path: Path
-) -> None:
-    home = tmp_path / "home"
-    spec = command_agent_spec(example_dir, tmp_path, "broken-build", "true")
-    # Every trial ends infra_error / egress_unsupported: the environment's default egress
-    # (allowlist) needs the package mirror, and the one named is no package index. The base
-    # check needs none (grader network none, no build), so it passes and the trial starts.
+# Every trial of this spec ends infra_error / egress_unsupported: the environment's default
+# egress (allowlist) needs the package mirror, and the one named is no package index. The base
+# check needs none (grader network none, no build), so it passes and the trial starts.
+BROKEN_MIRROR = {"HANGAR_PACKAGE_MIRROR_URL": "ftp://mirror.invalid/simple/"}
+
+
+def broken_build_spec(example_dir: Path, tmp_path: Path, name: str) -> Path:
+    spec = command_agent_spec(example_dir, tmp_path, name, "true")
     spec["environment"] = {**spec.get("environment", {}), "egress": {"mode": "allowlist"}}
-    ran = hangar(
-        "experiment",
-        "run",
-        str(write_spec(example_dir, spec)),
-        "--wait",
-        home=home,
-        env={
-            "HANGAR_OUTAGE_BREAKER_STREAK": "1",
-            "HANGAR_PACKAGE_MIRROR_URL": "ftp://mirror.invalid/simple/",
-        },
-    )
+    return write_spec(example_dir, spec)
+
+
+def assert_incomplete(ran: subprocess.CompletedProcess[str], reason: str, *also: str) -> None:
+    """Exit 3, the reason printed as `incomplete: ...` (and ``also``), how to go on, no traceback."""
     said = " ".join(ran.stderr.split())
     assert ran.returncode == 3, ran.stdout + ran.stderr
-    assert "incomplete: 1 trial(s) not run: outage:" in said
+    assert f"incomplete: {reason}" in said, said
+    assert all(more in said for more in also), said
     assert "Traceback" not in ran.stdout + ran.stderr
-    eid = experiment_id_of(ran.stdout)
-    assert f"experiment resume {eid}" in said
+    assert f"experiment resume {experiment_id_of(ran.stdout)}" in said
+
+
+# One trial, so the retry cap is 1 retry (10%, at least one). A streak of 1 opens the breaker
+# at the first failure; with 10 it stays shut, attempt 1's retry fails too and the cap stops a
+# third (the per-key limit, 2 retries, would allow it).
+@pytest.mark.parametrize(
+    "stop, streak, said",
+    [
+        ("breaker", "1", ("1 trial(s) not run: outage:",)),
+        ("retry-cap", "10", (
+            "1 trial(s) ended as infra_error with no retry: retries stopped: 1 of 1 allowed",
+            "no further trial of this experiment starts",
+        )),
+    ],
+    ids=["breaker", "retry-cap"],
+)  # fmt: skip
+def test_a_run_stopped_by_the_breaker_or_the_retry_cap_exits_incomplete_and_says_why(
+    example_dir: Path, tmp_path: Path, stop: str, streak: str, said: tuple[str, ...]
+) -> None:
+    spec = broken_build_spec(example_dir, tmp_path, f"broken-build-{stop}")
+    env = {"HANGAR_OUTAGE_BREAKER_STREAK": streak, **BROKEN_MIRROR}
+    ran = hangar("experiment", "run", str(spec), "--wait", home=tmp_path / "home", env=env)
+    assert_incomplete(ran, *said)
+
+
+def test_a_run_stopped_by_a_spent_budget_exits_incomplete_and_says_why(
+    example_dir: Path, tmp_path: Path
+) -> None:
+    # Two trials, one at a time; each reports $5 (a `usage` event of the command agent's
+    # trace). The author's $5 a month is spent by the first: the second does not start.
+    usage = json.dumps({"type": "usage", "cost_usd": 5.0})
+    spec = command_agent_spec(
+        example_dir, tmp_path, "spent", f"echo '{usage}' >> \"$HANGAR_TRACE_OUT\""
+    )
+    spec.update(trials=2, parallel=1)
+    env = {"HANGAR_EVAL_AUTHOR_CAP_USD_MONTH": "5"}
+    ran = hangar(
+        "experiment", "run", str(write_spec(example_dir, spec)), "--wait",
+        home=tmp_path / "home", env=env,
+    )  # fmt: skip
+    assert_incomplete(ran, "1 trial(s) not run: budget: author ", "spent 5.00 of 5.00")

@@ -46,13 +46,17 @@ Build = Callable[[Spec, Path], "Spec | str | bytes | Path"]
 class Case:
     id: str
     build: Build
-    named: str  # the field path or file the refusal must name
+    named: str | tuple[str, ...]  # the field path or file (and more) the refusal must name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.named,) if isinstance(self.named, str) else self.named
 
 
 CASES: list[Case] = []
 
 
-def case(id: str, named: str) -> Callable[[Build], Build]:
+def case(id: str, named: str | tuple[str, ...]) -> Callable[[Build], Build]:
     def add(build: Build) -> Build:
         CASES.append(Case(id, build, named))
         return build
@@ -367,41 +371,45 @@ def _hidden_link(spec: Spec, d: Path) -> Spec:
     return spec
 
 
-# --- encodings ------------------------------------------------------------------------------------
-@case("spec-latin-1", "UTF-8")
+# --- encodings: the refusal names the file and the encoding it wants ------------------------------
+SPEC_FILE = "malformed.yaml"  # build_case's name for a spec it writes
+NOT_UTF8 = "is not UTF-8 text"  # the decoding error, not the fix (which says UTF-8 too)
+
+
+@case("spec-latin-1", (SPEC_FILE, NOT_UTF8))
 def _latin1(spec: Spec, _: Path) -> bytes:
     spec["description"] = "caf\u00e9"
     return yaml.safe_dump(spec, allow_unicode=True).encode("latin-1")
 
 
-@case("spec-utf-16", "UTF-8")
+@case("spec-utf-16", (SPEC_FILE, NOT_UTF8))
 def _utf16(spec: Spec, _: Path) -> bytes:
     return yaml.safe_dump(spec).encode("utf-16")
 
 
-@case("spec-invalid-byte", "UTF-8")
+@case("spec-invalid-byte", (SPEC_FILE, NOT_UTF8))
 def _ff(spec: Spec, _: Path) -> bytes:
     return yaml.safe_dump(spec).encode() + b"# \xff\xfe\n"
 
 
-@case("spec-truncated-multibyte", "UTF-8")
+@case("spec-truncated-multibyte", (SPEC_FILE, NOT_UTF8))
 def _truncated(spec: Spec, _: Path) -> bytes:
     return yaml.safe_dump(spec).encode() + "# \u20ac".encode()[:-1]
 
 
-@case("spec-encoded-surrogate", "UTF-8")
+@case("spec-encoded-surrogate", (SPEC_FILE, NOT_UTF8))
 def _surrogate(spec: Spec, _: Path) -> bytes:
     return yaml.safe_dump(spec).encode() + b"# \xed\xa0\x80\n"
 
 
-@case("reference-patch-latin-1", "reference2.diff")
+@case("reference-patch-latin-1", ("reference2.diff", NOT_UTF8))
 def _ref_latin1(spec: Spec, d: Path) -> Spec:
     (d / "reference2.diff").write_bytes(b"diff --git a/x b/x\n+caf\xe9\n")
     spec["tasks"][0]["reference_patch"] = "reference2.diff"
     return spec
 
 
-@case("hidden-file-latin-1", "test_latin.py")
+@case("hidden-file-latin-1", ("test_latin.py", NOT_UTF8))
 def _hidden_latin1(spec: Spec, d: Path) -> Spec:
     (d / "hidden-latin").mkdir()
     (d / "hidden-latin" / "test_latin.py").write_bytes(b"# caf\xe9\n")
@@ -598,7 +606,7 @@ def build_case(c: Case, example: tuple[Spec, Path], tmp_path: Path) -> Path:
     built = c.build(copy.deepcopy(base), work)
     if isinstance(built, Path):
         return built
-    spec_path = work / "malformed.yaml"
+    spec_path = work / SPEC_FILE
     if isinstance(built, bytes):
         spec_path.write_bytes(built)
     else:
@@ -628,7 +636,7 @@ def test_a_malformed_spec_is_refused_cleanly(
     assert result.exit_code == 2, said
     assert "Traceback" not in said
     assert "refused:" in said and "nothing was submitted" in said, said
-    assert squeeze(c.named) in squeeze(said), said
+    assert all(squeeze(name) in squeeze(said) for name in c.names), said
     assert listing(hangar_home) == before
 
 
@@ -653,17 +661,37 @@ def test_duplicate_keys_name_the_key_and_both_lines(
     assert "trials: duplicate key 'trials' at lines 2 and 4" in result.output
 
 
+# Every spec field with an upper bound: one value past each, all in one spec.
+BOUNDED_FIELDS = (
+    "trials",
+    "parallel",
+    "environment.resources.timeout_s",
+    "grader.timeout_s",
+    "environment.resources.memory_mb",
+    "budget.max_cost_usd",
+    "trial_job_budget.max_cost_usd",
+)
+
+
 def test_bounds_are_in_the_message(
     example: tuple[Spec, Path], tmp_path: Path, hangar_home: Path
 ) -> None:
-    spec_path = build_case(
-        Case("b", lambda s, d: {**s, "trials": 1_000_000_000, "parallel": True}, ""),
-        example,
-        tmp_path,
-    )
+    """Each over-the-bound value's refusal names the field and the bound's number."""
+    bound = {path: INPUT_BOUNDS[path.rsplit(".", 1)[-1]][0] for path in BOUNDED_FIELDS}
+
+    def over(spec: Spec, _: Path) -> Spec:
+        for path, limit in bound.items():
+            put(path, limit + 1)(spec)
+        return spec
+
+    spec_path = build_case(Case("b", over, ""), example, tmp_path)
     said = squeeze(CliRunner().invoke(app, ["experiment", "run", str(spec_path)]).output)
-    assert squeeze(f"trials: Input should be less than or equal to {MAX_TRIALS}") in said
-    assert squeeze("parallel: Input should be a valid integer") in said
+    for path, limit in bound.items():
+        assert squeeze(f"{named(path)}: Input should be less than or equal to {limit} ->") in said
+    # The table's field bounds are all here (the others bound files and YAML, cases above).
+    assert {p.rsplit(".", 1)[-1] for p in BOUNDED_FIELDS} == {
+        "trials", "parallel", "timeout_s", "memory_mb", "max_cost_usd"
+    }  # fmt: skip
 
 
 def test_the_bounds_table_in_the_docs_and_the_schema_is_the_code_s() -> None:
@@ -738,5 +766,5 @@ def test_the_real_cli_refuses_cleanly(c: Case, example: tuple[Spec, Path], tmp_p
     result = hangar("experiment", "run", str(spec_path), home=home, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert squeeze(c.named) in squeeze(result.stderr), result.stderr
+    assert all(squeeze(name) in squeeze(result.stderr) for name in c.names), result.stderr
     assert not home.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import subprocess
 import sys
@@ -80,21 +81,42 @@ def add_stage_run(
     return run_id
 
 
-def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.SensorExecutionData:
+class KeptLog(logging.Handler):
+    """The messages a sensor tick logs (its context.log, which the daemon stores per tick)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def tick(
+    defs: dg.Definitions, instance: dg.DagsterInstance, log: KeptLog | None = None
+) -> dg.SensorExecutionData:
     """One evaluation of the real driver sensor, as the daemon runs it against ``defs``
     (with the definitions' resources, as the daemon gives them)."""
     sensor = defs.resolve_sensor_def("experiment_driver")
     with dg.build_sensor_context(
         instance=instance, repository_def=defs.get_repository_def(), resources=defs.resources
     ) as context:  # closed after the tick: it holds the resources it built until then
+        if log is not None:
+            context.log.addHandler(log)
         return sensor.evaluate_tick(context)
+
+
+def for_the_daemon(example_dir: Path) -> ResolvedExperiment:
+    """The example, submitted without --wait: the driver sensor runs it."""
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    (paths().experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    return exp
 
 
 def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
     example_dir: Path, hangar_home: Path
 ) -> None:
-    first = submit(example_dir / "experiment.yaml", Settings.from_env())
-    (paths().experiment_dir(first.experiment_id) / DAEMON_MARKER).touch()
+    first = for_the_daemon(example_dir)
     defs = build_definitions(Settings.from_env())
     with dg.instance_for_test() as instance:
         [request] = tick(defs, instance).run_requests or []
@@ -103,16 +125,33 @@ def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
 
         # Its spec run is in flight, and a second experiment is submitted after defs loaded.
         busy = add_stage_run(instance, first, "spec", dg.DagsterRunStatus.STARTED)
-        late = submit(example_dir / "experiment.yaml", Settings.from_env())
-        (paths().experiment_dir(late.experiment_id) / DAEMON_MARKER).touch()
+        late = for_the_daemon(example_dir)
         skipped = tick(defs, instance)
         assert not skipped.run_requests
         reason = str(skipped.skip_message)
         assert f"{first.experiment_id}: in_flight: its spec run {busy} is STARTED" in reason
         assert (
-            f"{late.experiment_id}__spec_job is not loaded yet; `hangar ui` reloads the code location"
-            in reason
+            f"{late.experiment_id}: not_loaded: its job {late.experiment_id}__spec_job is not "
+            "loaded yet; `hangar ui` reloads the code location" in reason
         )
+
+
+def test_a_tick_that_requests_a_run_logs_why_the_other_experiments_wait(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    """A tick that yields a request shows no skip reason: the waiting ones must not go unsaid."""
+    first = for_the_daemon(example_dir)
+    defs = build_definitions(Settings.from_env())
+    late = for_the_daemon(example_dir)  # after defs loaded
+    log = KeptLog()
+    with dg.instance_for_test() as instance:
+        ticked = tick(defs, instance, log)
+    assert [r.run_key for r in ticked.run_requests or []] == [f"{first.experiment_id}:spec:1"]
+    assert ticked.skip_message is None
+    [said] = [m for m in log.messages if "waiting: " in m]
+    assert (
+        f"waiting: {late.experiment_id}: not_loaded: its job {late.experiment_id}__spec_job" in said
+    )
 
 
 def test_the_driver_sensor_skips_with_the_window_reason(
