@@ -16,16 +16,21 @@ from tests.conftest import command_agent_spec, hangar, killed_worker, write_spec
 pytestmark = pytest.mark.integration
 
 
-def started_trials_run(experiment_id: str) -> str:
-    """A trials run of the experiment left STARTED on the CLI's instance; its run id."""
+def stage_run_left(
+    experiment_id: str,
+    stage: str = "trials",
+    status: dg.DagsterRunStatus = dg.DagsterRunStatus.STARTED,
+) -> str:
+    """A ``stage`` run of the experiment left in ``status`` (STARTED: its worker's) on the
+    CLI's instance; its run id."""
     run_id = str(uuid.uuid4())
     with dg.DagsterInstance.get() as instance:
         instance.add_run(
             dg.DagsterRun(
-                job_name=f"{experiment_id}__trials_job",
+                job_name=f"{experiment_id}__{stage}_job",
                 run_id=run_id,
-                status=dg.DagsterRunStatus.STARTED,
-                tags={"hangar/experiment": experiment_id, "hangar/stage": "trials"},
+                status=status,
+                tags={"hangar/experiment": experiment_id, "hangar/stage": stage},
             )
         )
     return run_id
@@ -37,7 +42,7 @@ def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
     spec = command_agent_spec(example_dir, tmp_path, "guarded", "true")
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     ensure_dagster_home(Settings.from_env())  # the instance the CLI uses: $HANGAR_HOME/dagster
-    run_id = started_trials_run(exp.experiment_id)
+    run_id = stage_run_left(exp.experiment_id)
 
     refused = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -63,7 +68,7 @@ def test_resume_ends_a_run_whose_worker_was_killed_and_goes_on_without_the_ui(
     spec = command_agent_spec(example_dir, tmp_path, "orphaned", "true")
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     ensure_dagster_home(Settings.from_env())
-    run_id = started_trials_run(exp.experiment_id)
+    run_id = stage_run_left(exp.experiment_id)
     # Its worker recorded itself, then died with the daemon that launched it: left STARTED.
     pid = killed_worker(hangar_home, run_id)
 
@@ -135,16 +140,7 @@ def test_resume_with_no_ui_ends_a_run_a_killed_ui_left_starting(
     spec = command_agent_spec(example_dir, tmp_path, "unlaunched", "true")
     exp = submit(write_spec(example_dir, spec), Settings.from_env())
     ensure_dagster_home(Settings.from_env())
-    run_id = str(uuid.uuid4())
-    with dg.DagsterInstance.get() as instance:
-        instance.add_run(
-            dg.DagsterRun(
-                job_name=f"{exp.experiment_id}__pin_sets_job",
-                run_id=run_id,
-                status=dg.DagsterRunStatus.STARTING,
-                tags={"hangar/experiment": exp.experiment_id, "hangar/stage": "pin_sets"},
-            )
-        )
+    run_id = stage_run_left(exp.experiment_id, "pin_sets", dg.DagsterRunStatus.STARTING)
 
     resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
