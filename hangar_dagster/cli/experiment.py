@@ -33,12 +33,23 @@ if TYPE_CHECKING:
 app = typer.Typer(no_args_is_help=True, help="Submit, run, read and export experiments.")
 
 
+WindowWait = Annotated[
+    bool,
+    typer.Option(
+        "--window-wait/--no-window-wait",
+        help="With the eval window closed, sleep until it opens (default), or stop there: exit"
+        " 3, incomplete, the window named, the trials left pending for `resume`.",
+    ),
+]
+
+
 @app.command("run")
 def run_cmd(
     spec: Annotated[Path, typer.Argument(help="The experiment spec (YAML).")],
     wait: Annotated[
         bool, typer.Option("--wait", help="Run the stages here and wait for the index.")
     ] = False,
+    window_wait: WindowWait = True,
 ) -> None:
     """Validate and submit SPEC; with --wait, run it to its index and print the summary."""
     from hangar_dagster.experiment.submit import submit
@@ -64,11 +75,14 @@ def run_cmd(
             "queued for the daemon: `hangar ui` (or dagster-daemon) runs it; `hangar experiment get` follows it"
         )
         return
-    _drive(settings, exp)
+    _drive(settings, exp, window_wait)
 
 
 @app.command("resume")
-def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")]) -> None:
+def resume_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    window_wait: WindowWait = True,
+) -> None:
     """Run an experiment's stages again: finished trials are kept, missing and infra-failed ones run."""
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.orchestration.driver import run_in_flight
@@ -85,7 +99,7 @@ def resume_cmd(name_or_id: Annotated[str, typer.Argument(help="Experiment id or 
             "same trials, so wait until it ends (`hangar experiment get` follows it)"
         )
         raise typer.Exit(2)
-    _drive(settings, exp)
+    _drive(settings, exp, window_wait)
 
 
 def _intervals(report: Any) -> dict[str, str]:
@@ -126,7 +140,7 @@ EXIT_INCOMPLETE = 3
 EXIT_INTERRUPTED = 130
 
 
-def _drive(settings: Settings, exp: Any) -> None:
+def _drive(settings: Settings, exp: Any, window_wait: bool = True) -> None:
     import datetime as dt
 
     from hangar_dagster.cli.progress import Ticker, read_progress
@@ -140,7 +154,13 @@ def _drive(settings: Settings, exp: Any) -> None:
     watch = store_of(p)  # the ticker's own reader, beside the stages' store
     try:
         with Ticker(console, lambda elapsed: read_progress(watch, eid, planned, elapsed)):
-            drive(exp, store_of(p), settings, say=lambda m: console.print(f"[yellow]{m}[/]"))
+            drive(
+                exp,
+                store_of(p),
+                settings,
+                say=lambda m: console.print(f"[yellow]{m}[/]"),
+                window_wait=window_wait,
+            )
     except Interrupted as e:
         store = store_of(p)
         cut = [

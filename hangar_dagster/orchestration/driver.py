@@ -83,8 +83,13 @@ def run_stages(
     settings: Settings,
     say: Callable[[str], None] = print,
     sleep: Callable[[float], None] = time.sleep,
+    window_wait: bool = True,
 ) -> list[str]:
-    """Execute the experiment's stage jobs in this process until the queue has nothing it may run."""
+    """Execute the experiment's stage jobs in this process until the queue has nothing it may run.
+
+    ``window_wait``: sleep while the eval window is closed (else stop there, as for any other
+    blocker, leaving the trials pending: the CLI's ``--no-window-wait``).
+    """
     run_ids: list[str] = []
 
     def execute(stage: str) -> None:
@@ -121,7 +126,7 @@ def run_stages(
         why = blocker(exp, store, settings, dt.datetime.now(dt.UTC))
         # Grades missing (a crash between a trial and its grade) are graded whatever blocks a
         # start: the trials run grades every finished attempt, and starts no trial while blocked.
-        if why and not work.grades and why.startswith("eval_window"):
+        if why and not work.grades and why.startswith("eval_window") and window_wait:
             say(f"waiting ({len(work.keys)} trials): {why}")
             sleep(
                 min(
@@ -175,7 +180,11 @@ def run_in_flight(
 
 
 def drive(
-    exp: ResolvedExperiment, store: Store, settings: Settings, say: Callable[[str], None] = print
+    exp: ResolvedExperiment,
+    store: Store,
+    settings: Settings,
+    say: Callable[[str], None] = print,
+    window_wait: bool = True,
 ) -> list[str]:
     """``run_stages`` on the CLI's instance (``hangar experiment run --wait`` and ``resume``).
 
@@ -194,7 +203,15 @@ def drive(
 
     def stages() -> list[str]:
         with dg.DagsterInstance.get() as instance:
-            return run_stages(exp, instance, store, settings, say=say, sleep=interrupt_wait)
+            return run_stages(
+                exp,
+                instance,
+                store,
+                settings,
+                say=say,
+                sleep=interrupt_wait,
+                window_wait=window_wait,
+            )
 
     if threading.current_thread() is not threading.main_thread():
         return stages()  # signals reach only the main thread: nothing to catch here

@@ -191,3 +191,25 @@ def test_a_run_stopped_by_a_spent_budget_exits_incomplete_and_says_why(
         home=tmp_path / "home", env=env,
     )  # fmt: skip
     assert_incomplete(ran, "1 trial(s) not run: budget: author ", "spent 5.00 of 5.00")
+
+
+def test_with_no_window_wait_a_closed_window_ends_the_run_incomplete_naming_the_window(
+    example_dir: Path, tmp_path: Path
+) -> None:
+    """Regression: `run --wait` (and `resume`) slept through a closed eval window with no way to
+    get exit 3 ("waiting for the window") instead; a CI job could only time out."""
+    import datetime as dt
+
+    opens = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=6)).strftime("%H:%M")
+    closes = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=6, minutes=1)).strftime("%H:%M")
+    env = {"HANGAR_EVAL_WINDOW": f"{opens}-{closes}", "HANGAR_EVAL_TZ": "UTC"}
+    spec = write_spec(example_dir, command_agent_spec(example_dir, tmp_path, "closed", "true"))
+    home = tmp_path / "home"
+    ran = hangar("experiment", "run", str(spec), "--wait", "--no-window-wait", home=home, env=env)
+    assert_incomplete(ran, "1 trial(s) not run: eval_window: ", "next opens", f"{opens} UTC")
+    # The trials are left pending: `resume` (here with the window open) runs them.
+    resumed = hangar(
+        "experiment", "resume", experiment_id_of(ran.stdout), home=home,
+        env={"HANGAR_EVAL_WINDOW": "always"},
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
