@@ -383,9 +383,18 @@ def round_ui(r: Round, home: Path, spec: Path, timeout: float) -> str:
             r.problems.append(f"submit failed: {sub.stderr[-1500:]}")
             return ""
         t0 = time.monotonic()
-        r.stage = reach(r, home, ui.pid, t0, lambda: index_done(home, eid), timeout)
+        r.stage = reach(
+            r, home, ui.pid, t0, lambda: ui.poll() is not None or index_done(home, eid), timeout
+        )
         r.kept = parquet_rows(home, "trials")  # a moment before the kill: all of it must stay
-        if r.stage == "after the end" or r.stage.startswith("missed"):
+        if ui.poll() is not None:  # before any kill of ours: say so, and start it again
+            r.problems.append(
+                f"`hangar ui` exited by itself (code {ui.returncode}) before the kill; its log:"
+                f" {log} (tail: {log.read_text(errors='replace')[-600:]!r})"
+            )
+            ui = start_ui(home, log)
+            r.outcome = "UI exited by itself; started again"
+        elif r.stage == "after the end" or r.stage.startswith("missed"):
             r.outcome = "nothing killed"
         elif r.mode == "ui":
             os.killpg(ui.pid, signal.SIGKILL)
