@@ -113,11 +113,9 @@ def hangar_exe() -> str:
 
 
 def cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    from hangar_dagster.util.procs import cmdline as of
+
+    return of(pid)
 
 
 def tree(root: int) -> list[list[str]]:

@@ -21,6 +21,7 @@ from hangar_dagster.experiment.spec_yaml import (
     MAX_ALIASES,
     MAX_DEPTH,
     MAX_NODES,
+    MAX_NUMBER_CHARS,
     YAMLRefusal,
     load_yaml,
 )
@@ -57,6 +58,7 @@ INPUT_BOUNDS: dict[str, tuple[int, str]] = {
     "yaml_depth": (MAX_DEPTH, "levels of YAML nesting, aliases expanded"),
     "yaml_aliases": (MAX_ALIASES, "YAML aliases (*name) in the spec"),
     "yaml_values": (MAX_NODES, "YAML values once aliases are expanded"),
+    "yaml_number_chars": (MAX_NUMBER_CHARS, "characters of one number in the spec"),
 }
 
 OVERLAY_FIELDS = (

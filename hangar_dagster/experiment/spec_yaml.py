@@ -19,6 +19,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 MAX_DEPTH = 32  # a spec nests 5 deep; JSON schema tools and pydantic stay far from their limits
 MAX_ALIASES = 100
 MAX_NODES = 100_000  # values after expanding every alias
+# Digits of a number: every bound in a spec has a few; Python refuses past 4,300 anyway, and
+# there the error could name only the file, not the field.
+MAX_NUMBER_CHARS = 40
 _CORE = "tag:yaml.org,2002:"
 # The JSON-like types a spec is made of, plus the implicit ones YAML resolves by itself
 # (a date-looking scalar, the merge key `<<`); pydantic refuses what does not fit a field.
@@ -92,6 +95,17 @@ class _Checker:
                 where,
                 f"the tag {node.tag!r} (line {_line(node)}) is not allowed in a spec",
                 "remove the tag: a spec holds plain strings, numbers, lists and mappings",
+            )
+        if (
+            isinstance(node, ScalarNode)
+            and node.tag in (_CORE + "int", _CORE + "float")
+            and len(node.value) > MAX_NUMBER_CHARS
+        ):
+            raise YAMLRefusal(
+                where,
+                f"a number of {len(node.value)} characters (line {_line(node)}); no bound of a"
+                f" spec needs more than {MAX_NUMBER_CHARS}",
+                "write the number you mean (each field's bound is in docs/operations.md)",
             )
         if id(node) in self.open:
             raise YAMLRefusal(

@@ -76,6 +76,15 @@ def started_at(pid: int) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
 
 
+def cmdline(pid: int) -> list[str]:
+    """Process ``pid``'s arguments ([] when it is gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
 def ancestors(pid: int) -> list[int]:
     """The pids above ``pid``, its parent first, up to (not including) pid 0."""
     out: list[int] = []

@@ -107,6 +107,11 @@ def test_a_signal_stops_starts_cuts_off_the_running_trial_and_says_how_to_resume
     said = out + err
     assert proc.returncode == 130, said
     assert took < 12, f"took {took:.1f}s to stop"
+    # ... and the running trial's sandbox died with it: its agent's `sleep 20` is gone.
+    from hangar_dagster.util.procs import all_procs, cmdline
+
+    agents = [p.pid for p in all_procs() if cmdline(p.pid) == ["sleep", "20"]]
+    assert agents == [], f"the cut-off trial's agent still runs: pids {agents}"
     assert "Traceback" not in said and "DagsterExecutionInterruptedError" not in said, said
     eid = experiment_id_of(out)
     assert f"experiment resume {eid}" in " ".join(err.split())

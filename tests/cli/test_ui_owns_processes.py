@@ -15,7 +15,7 @@ import pytest
 
 from hangar_dagster.cli.ui import webserver_url
 from hangar_dagster.settings import Settings
-from hangar_dagster.util.procs import PidLock, Proc, alive, all_procs, descendants
+from hangar_dagster.util.procs import PidLock, Proc, alive, all_procs, cmdline, descendants
 from tests.conftest import (
     command_agent_spec,
     crashed_docker_run,
@@ -26,13 +26,6 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 def mentions(home: Path) -> list[Proc]:

@@ -207,7 +207,7 @@ def _planned(spec: Spec, _: Path) -> Spec:
     return spec
 
 
-@case("bound-int-of-5000-digits", "(file)")
+@case("bound-int-of-5000-digits", "parallel: a number of 5000 characters")
 def _long_int(spec: Spec, _: Path) -> str:
     del spec["parallel"]
     return yaml.safe_dump(spec) + "parallel: " + "9" * 5000 + "\n"
