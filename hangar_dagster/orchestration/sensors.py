@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
@@ -283,8 +284,6 @@ def foreign_daemon(instance: dg.DagsterInstance, settings: Settings) -> str | No
     """Why this daemon may not launch on ``instance`` (None: it may). Only hangar's embedded
     instance (``HANGAR_HOME/dagster``) has the one-UI rule; a deployment's instance has its own
     daemon and launchers with health checks (docs/operations.md)."""
-    from pathlib import Path
-
     # HANGAR_HOME/dagster, not settings.dagster_home: DAGSTER_HOME pointed elsewhere (a
     # deployment's, a test's) is not the embedded instance.
     if Path(instance.root_directory).resolve() != (settings.paths.home / "dagster").resolve():
