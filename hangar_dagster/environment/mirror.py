@@ -45,6 +45,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from hangar_dagster.settings import PACKAGE_MIRROR_URL_VAR, Settings
+from hangar_dagster.util.procs import restore_stop_signals
 
 DEFAULT_INDEX = "https://pypi.org/simple/"  # pip's own default when nothing is configured
 START_TIMEOUT_S = 30.0
@@ -347,6 +348,7 @@ def main(args: list[str] | None = None) -> int:
     srv.add_argument("--extra", action="append", default=[])
     srv.add_argument("--cert")
     parsed = parser.parse_args(args)
+    restore_stop_signals()
     serve(parsed.port, parsed.cache_dir, parsed.upstream, parsed.extra, parsed.cert)
     return 0
 

@@ -39,6 +39,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     _prctl(PR_SET_PDEATHSIG, sig)
 
 
+def restore_stop_signals() -> None:
+    """In a server's own ``main``: SIGTERM and SIGINT stop it again, whatever it inherited.
+
+    exec keeps an ignored signal ignored. A shell without job control starts background commands
+    with SIGINT ignored, and Dagster's interrupt handling then copies SIGINT's disposition onto
+    SIGTERM in the process that runs it; every child started after that ignored ``terminate()``.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @dataclass(frozen=True)
 class Proc:
     pid: int

@@ -4,8 +4,11 @@ across processes, a stale pid file replaced, and HANGAR_PACKAGE_MIRROR_URL start
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -126,5 +129,30 @@ def test_one_mirror_per_home_shared_by_processes_and_a_stale_pid_replaced(tmp_pa
     try:
         assert second.pid != first.pid
         assert running_mirror(settings) == second
+    finally:
+        stop_mirror(settings)
+
+
+@pytest.mark.integration
+def test_a_mirror_started_while_sigterm_is_ignored_still_stops_on_sigterm(tmp_path: Path) -> None:
+    # A background shell ignores SIGINT and Dagster copies that onto SIGTERM; the mirror started
+    # then inherited the ignore and outlived `stop_mirror`'s SIGTERM until its SIGKILL.
+    settings = settings_for(tmp_path / "home")
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        mirror = ensure_mirror(settings)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    try:
+        os.kill(mirror.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        status = None
+        while status is None and time.monotonic() < deadline:
+            pid, code = os.waitpid(mirror.pid, os.WNOHANG)  # our own child
+            status = code if pid else None
+            time.sleep(0.05)
+        assert status is not None, "the mirror outlived SIGTERM by 10 s"
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
     finally:
         stop_mirror(settings)

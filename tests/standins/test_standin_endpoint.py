@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -146,7 +147,18 @@ def test_models_errors_and_token_counts() -> None:
     assert counted[0] == 200 and json.loads(counted[2])["input_tokens"] > 0
 
 
-def test_the_module_runs_in_the_foreground_and_prints_its_url(tmp_path: Path) -> None:
+def _ignore_stop_signals() -> None:
+    # What a test process hands its children after an in-process Dagster run under a
+    # background shell: the shell ignores SIGINT, and Dagster copies SIGINT's disposition onto
+    # SIGTERM; exec keeps an ignored signal ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "sigterm_ignored_by_the_parent"])
+def test_the_module_runs_in_the_foreground_and_prints_its_url(
+    tmp_path: Path, inherited: str
+) -> None:
     script = tmp_path / "script.yaml"
     script.write_text("replies:\n  - text: hello from the script\n")
     proc = subprocess.Popen(
@@ -162,6 +174,7 @@ def test_the_module_runs_in_the_foreground_and_prints_its_url(tmp_path: Path) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_stop_signals if inherited != "default" else None,
     )
     try:
         assert proc.stdout is not None
@@ -174,7 +187,11 @@ def test_the_module_runs_in_the_foreground_and_prints_its_url(tmp_path: Path) ->
         assert answer["content"][0]["text"] == "hello from the script"
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("the endpoint outlived SIGTERM by 10 s")
 
 
 def test_a_bad_script_file_is_refused_naming_the_field(tmp_path: Path) -> None:

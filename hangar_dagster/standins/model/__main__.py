@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hangar_dagster.standins.model.script import Script, ScriptError
 from hangar_dagster.standins.model.server import ScriptedEndpoint
+from hangar_dagster.util.procs import restore_stop_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = parser.parse_args(argv)
+    restore_stop_signals()
     try:
         script = Script.from_file(args.script)
     except ScriptError as err:
