@@ -237,14 +237,18 @@ def _executed(grade: GradeRecord) -> int:
     return sum(grade.hidden_tests.get(k, 0) for k in ("passed", "failed", "errors"))
 
 
-def evidence_class(trial: TrialRecord, grade: GradeRecord | None) -> EvidenceClass:
+def evidence_class(
+    trial: TrialRecord, grade: GradeRecord | None, *, base_check_invalid: bool = False
+) -> EvidenceClass:
     """Which of the three outcome classes a trial attempt (with its grade, if any) falls in.
 
     execution_failure: infrastructure ended it (``infra_error``, any reason).
-    evidence_failure: it ran, but nothing can be scored: no grade, a task whose
-    base check found it invalid, or a grade in which no hidden test ran to a
-    verdict (not graded, no usable JUnit, none collected, all skipped, the
-    patch did not apply, the grader timed out before its report).
+    evidence_failure: it ran, but nothing can be scored: no grade, a task found
+    invalid (by the grade's ``task_invalid`` or by the task's stored base check,
+    ``base_check_invalid``: a base check stored after the grade still counts), or a grade
+    in which no hidden test ran to a verdict (not graded, no usable JUnit, none
+    collected, all skipped, the patch did not apply, the grader timed out before its
+    report).
     admissible: everything else, passing or failing.
     """
     if trial.outcome_class == "infra_error":
@@ -255,6 +259,6 @@ def evidence_class(trial: TrialRecord, grade: GradeRecord | None) -> EvidenceCla
     theirs = (grade.experiment_id, grade.trial_key, grade.attempt)
     if ours != theirs:
         raise ValueError(f"grade {theirs} is not the grade of trial {ours}")
-    if grade.task_invalid or _executed(grade) == 0:
+    if grade.task_invalid or base_check_invalid or _executed(grade) == 0:
         return "evidence_failure"
     return "admissible"

@@ -139,12 +139,17 @@ class Report:
 # --- reading the store ------------------------------------------------------------------------
 
 
-def _why(trial: TrialRecord, grade: GradeRecord | None, tests: Sequence[GradeTestRecord]) -> str:
+def _why(
+    trial: TrialRecord,
+    grade: GradeRecord | None,
+    tests: Sequence[GradeTestRecord],
+    task_invalid: bool = False,
+) -> str:
     if trial.outcome_class == "infra_error":
         return f"infra error ({trial.infra_reason or 'unknown'}): {trial.error or 'retried'}"
     if grade is None:
         return f"{trial.outcome_class}, not graded" + (f": {trial.error}" if trial.error else "")
-    if grade.task_invalid:
+    if grade.task_invalid or task_invalid:
         return "the task is invalid: its base check failed"
     parts: list[str] = [] if trial.outcome_class == "completed" else [str(trial.outcome_class)]
     if grade.reason:
@@ -176,9 +181,7 @@ def _rows(
         g = grades.get(t.trial_key)
         if g is not None and g.attempt != t.attempt:
             g = None  # the grade of an earlier attempt: this one is not graded yet
-        ev = evidence_class(t, g)
-        if ev == "admissible" and t.task in invalid:
-            ev = "evidence_failure"  # the base check found the task invalid after this grade
+        ev = evidence_class(t, g, base_check_invalid=t.task in invalid)
         passed = None if g is None else g.passed
         flagged = bool(passed and g is not None and g.tamper_signals)
         ok = ev == "admissible" and bool(passed) and not flagged
@@ -199,7 +202,7 @@ def _rows(
                 if ok
                 else _flag_why(g)
                 if flagged
-                else _why(t, g, tests.get((t.trial_key, t.attempt), [])),
+                else _why(t, g, tests.get((t.trial_key, t.attempt), []), t.task in invalid),
             )
         )
     return out
@@ -575,6 +578,7 @@ def build_report(exp: ResolvedExperiment, store: Store) -> Report:
             t,
             g if (g := grades.get(t.trial_key)) is not None and g.attempt == t.attempt else None,
             tuple(tests.get((t.trial_key, t.attempt), [])),
+            task_invalid=t.task in invalid,
         )
         for t in sorted(trials, key=lambda t: t.trial_key)
     )

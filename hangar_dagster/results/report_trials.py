@@ -36,6 +36,8 @@ class Evidence:
     trial: TrialRecord
     grade: GradeRecord | None
     tests: tuple[GradeTestRecord, ...]
+    # The task's base check found it invalid (also when stored after this grade was made).
+    task_invalid: bool = False
 
 
 def page_name(trial_key: str) -> str:
@@ -86,7 +88,7 @@ def trial_page_html(experiment: str, ev: Evidence, back: str | None = "../report
     events: Sequence[Any] = trace.get("events") or []
     if g is None:
         verdict = "not graded"
-    elif g.task_invalid:
+    elif g.task_invalid or ev.task_invalid:
         verdict = "the task is invalid (its base check failed)"
     else:
         verdict = "passed" if g.passed else "failed"

@@ -248,7 +248,7 @@ SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
   g.passed, g.trust, g.hidden_tests,
   {", ".join(f"CAST(g.hidden_tests->>'{k}' AS BIGINT) AS hidden_{k}" for k in _HIDDEN)},
-  COALESCE(g.task_invalid, b.invalid) AS task_invalid,
+  (coalesce(g.task_invalid, false) OR coalesce(b.invalid, false)) AS task_invalid,
   g.contamination, g.tamper_signals,
   t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin
 FROM trials t
@@ -258,8 +258,9 @@ LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task
 QUALIFY row_number() OVER (
   PARTITION BY t.experiment_id, t.trial_key ORDER BY t.attempt DESC) = 1"""
 
-# retries.evidence_class in SQL (tests/test_retries.py checks they agree): a ran trial is
-# an evidence failure without a grade, on an invalid task, or when no hidden test ran.
+# retries.evidence_class in SQL (tests/queue/test_retries.py checks they agree): a ran trial
+# is an evidence failure without a grade, on an invalid task (its grade or its task's base
+# check says so: a base check stored after the grade counts too), or when no hidden test ran.
 _EXECUTION_FAILURE = "outcome_class = 'infra_error'"
 _EVIDENCE_FAILURE = (
     "outcome_class <> 'infra_error' AND (passed IS NULL OR coalesce(task_invalid, false)"

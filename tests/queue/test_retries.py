@@ -408,6 +408,28 @@ def test_variant_summary_counts_the_classes_with_the_same_rule(
     assert set(want.values()) == set(columns.values())  # the table covers every class
 
 
+def test_a_base_check_stored_after_the_grade_makes_the_trial_an_evidence_failure_in_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The grade was made before the task was checked (task_invalid = false); its base check,
+    # stored later, finds the task invalid. Python and the view read the same rule.
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.experiment())
+    trial = f.trial("late", task="t1")
+    grade = _graded("late", 0, True, _JUNIT.format(_PASS))
+    assert grade.task_invalid is False
+    store.put(trial)
+    store.put(grade)
+    assert evidence_class(trial, grade) == "admissible"
+    (row,) = store.summary(f.EXP)
+    assert (row["admissible"], row["evidence_failures"], row["invalid_task"]) == (1, 0, 0)
+    store.put(f.base_check("t1", invalid=True, reason="the hidden tests pass on base"))
+    assert evidence_class(trial, grade, base_check_invalid=True) == "evidence_failure"
+    (row,) = store.summary(f.EXP)
+    assert (row["admissible"], row["evidence_failures"], row["invalid_task"]) == (0, 1, 1)
+    assert (row["graded"], row["passed"]) == (0, 0)
+
+
 # --- the documented reason list -------------------------------------------------------------
 
 

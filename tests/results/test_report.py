@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hangar_dagster.results import stats
 from hangar_dagster.results.report import (
+    Report,
     build_report,
     to_html,
     to_json,
@@ -19,6 +21,7 @@ from hangar_dagster.results.report import (
     verdict_of,
     write_report,
 )
+from hangar_dagster.results.store import Store
 from tests.results.reports import DEMO, spec_file, stored
 
 pytestmark = pytest.mark.unit
@@ -100,6 +103,22 @@ def test_a_flagged_pass_is_counted_apart_not_in_the_headline(
     assert "flagged passes, counted apart (not in the pass rate): 1 (skill/median/3)" in md
 
 
+def view_agrees_with_report(store: Store, report: Report) -> dict[str, dict[str, Any]]:
+    """variant_summary's rows by variant, each checked against the report's figures."""
+    rows = {r["variant"]: r for r in store.summary(report.experiment_id)}
+    for v in report.variants:
+        assert v.rate is not None
+        row, h = rows[v.name], v.health
+        assert row["pass_rate_pts"] == round(v.rate.pts, 1), v.name
+        assert (row["graded"], row["passed"]) == (v.rate.n_trials, h.passed), v.name
+        assert row["flagged_passes"] == h.flagged_passes, v.name
+        assert (row["admissible"], row["evidence_failures"]) == (
+            h.admissible,
+            h.evidence_failures,
+        ), v.name
+    return rows
+
+
 def test_the_summary_view_and_the_report_give_the_same_pass_rate(
     example_dir: Path, hangar_home: Path
 ) -> None:
@@ -120,17 +139,31 @@ def test_the_summary_view_and_the_report_give_the_same_pass_rate(
         infra_left=["plain/median/4"],
         infra_then_ok=["skill/slugify/2"],
     )
-    report = build_report(exp, store)
-    rows = {r["variant"]: r for r in store.summary(exp.experiment_id)}
-    for v in report.variants:
-        assert v.rate is not None
-        row = rows[v.name]
-        assert row["pass_rate_pts"] == round(v.rate.pts, 1), v.name
-        assert (row["graded"], row["passed"]) == (v.rate.n_trials, v.health.passed), v.name
-        assert row["flagged_passes"] == v.health.flagged_passes, v.name
+    rows = view_agrees_with_report(store, build_report(exp, store))
     # median/4 is the infra error: (1/3 + 1 + 1/2) / 3, not passes / trials = 3/6
     assert rows["plain"]["pass_rate_pts"] == 61.1
     assert rows["skill"]["flagged_passes"] == 1 and rows["skill"]["pass_rate_pts"] == 66.7
+
+
+def test_a_base_check_that_finds_the_task_invalid_after_its_grades_leaves_it_out_of_the_view_too(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # The grades were written with task_invalid = false (no base check yet); the base check
+    # stored afterwards says the task is invalid. The view and the report read one rule.
+    exp, store = stored(spec_file(example_dir, "late-invalid"), invalid={"durations": "passes"})
+    assert not any(g.task_invalid for g in store.grades(exp.experiment_id))
+    report = build_report(exp, store)
+    rows = view_agrees_with_report(store, report)
+    assert all(row["invalid_task"] == 3 for row in rows.values())
+    index = store.index(exp.experiment_id)
+    assert {r["task"] for r in index if r["task_invalid"]} == {"durations"}
+    durations = [r for r in report.failed if r.task == "durations"]
+    assert len(durations) == 6 and all(
+        r.why == "the task is invalid: its base check failed" for r in durations
+    )
+    assert all(e.task_invalid == (e.trial.task == "durations") for e in report.evidence)
+    assert rows["plain"]["pass_rate_pts"] == 50.0  # (2/3 + 1/3) / 2: durations left out
+    assert rows["skill"]["pass_rate_pts"] == 83.3
 
 
 def test_an_invalid_task_is_named_and_left_out_of_every_rate(
