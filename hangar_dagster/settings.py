@@ -83,6 +83,11 @@ class HangarPaths:
         return self.home / "parquet"
 
     @property
+    def tally(self) -> Path:
+        """The embedded store's tally of trial attempts for the start check (results/tally.py)."""
+        return self.home / "tally.sqlite"
+
+    @property
     def pending(self) -> Path:
         """The embedded store's journal: one marker per record written to Parquet whose DuckDB
         row is not yet confirmed (results/store.py); reads list this folder, not parquet/."""

@@ -120,16 +120,13 @@ def _spent(value: Any) -> float:
 def month_status(store: Store, author: str, at: dt.datetime, limits: Caps) -> BudgetStatus:
     """The team's and ``author``'s spend in the UTC month of ``at``, against ``limits``."""
     month = month_of(at)
-    rows = store.month_spend(month)
+    # the tally's sums (results/tally.py): a start check reads no ledger rows
+    spent = store.spent_by_author(month)
     return BudgetStatus(
         month=month,
         author=author,
-        team=Spend("team", limits.team_usd, _spent(sum(r["spent_usd"] for r in rows))),
-        author_budget=Spend(
-            f"author {author}",
-            limits.author_usd,
-            _spent(sum(r["spent_usd"] for r in rows if r["author"] == author)),
-        ),
+        team=Spend("team", limits.team_usd, _spent(sum(spent.values()))),
+        author_budget=Spend(f"author {author}", limits.author_usd, _spent(spent.get(author, 0.0))),
     )
 
 

@@ -10,10 +10,11 @@ they agree).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from hangar_dagster.results.records import GradeRecord, TrialRecord
 from hangar_dagster.settings import BREAKER_VAR, RETRIES_VAR
@@ -66,6 +67,26 @@ CAP_SENTENCE = (
 EvidenceClass = Literal["execution_failure", "evidence_failure", "admissible"]
 
 
+class AttemptLike(Protocol):
+    """What these rules read of an attempt: a TrialRecord, or the tally's narrow
+    ``results.tally.Attempt`` (the start check reads no full rows)."""
+
+    @property
+    def experiment_id(self) -> str: ...
+    @property
+    def trial_key(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def finished_at(self) -> dt.datetime: ...
+    @property
+    def outcome_class(self) -> str: ...
+    @property
+    def infra_reason(self) -> str | None: ...
+    @property
+    def run_id(self) -> str: ...
+
+
 class RetryConfigError(ValueError):
     """A retry or breaker environment variable holds something that is not a valid count."""
 
@@ -115,12 +136,12 @@ class RetryPlan:
     cap_reached: str | None = None
 
 
-def _by_key(attempts: Sequence[TrialRecord]) -> dict[str, dict[int, TrialRecord]]:
+def _by_key(attempts: Sequence[AttemptLike]) -> dict[str, dict[int, AttemptLike]]:
     """Attempts per trial key; refuses attempts of several experiments or a repeated attempt."""
     experiments = sorted({t.experiment_id for t in attempts})
     if len(experiments) > 1:
         raise ValueError(f"attempts of one experiment expected, got {', '.join(experiments)}")
-    out: dict[str, dict[int, TrialRecord]] = {}
+    out: dict[str, dict[int, AttemptLike]] = {}
     for t in attempts:
         seen = out.setdefault(t.trial_key, {})
         if t.attempt in seen:
@@ -129,11 +150,11 @@ def _by_key(attempts: Sequence[TrialRecord]) -> dict[str, dict[int, TrialRecord]
     return out
 
 
-def _reason(t: TrialRecord) -> str:
+def _reason(t: AttemptLike) -> str:
     return t.infra_reason or "no reason recorded"
 
 
-def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: int) -> RetryPlan:
+def plan_retries(attempts: Sequence[AttemptLike], planned_trials: int, per_key: int) -> RetryPlan:
     """The retries to start now, given every attempt of one experiment so far.
 
     Only each key's highest attempt is looked at: an infra_error there is retried
@@ -143,7 +164,6 @@ def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: 
     failures are retried first. Each note is a full sentence, the same on every
     call for the same attempts.
     """
-    cap = experiment_retry_cap(planned_trials)
     keys = _by_key(attempts)
     # Retries already started: every attempt after the first, but those replacing a drained
     # or restarted one.
@@ -153,10 +173,17 @@ def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: 
         for n in by_attempt
         if n > 1 and not (n - 1 in by_attempt and by_attempt[n - 1].infra_reason in CAP_EXEMPT)
     )
-    failed = sorted(
-        (by_attempt[max(by_attempt)] for by_attempt in keys.values()),
-        key=lambda t: (t.finished_at, t.trial_key),
-    )
+    latest = [by_attempt[max(by_attempt)] for by_attempt in keys.values()]
+    return plan_from_latest(latest, counted, planned_trials, per_key)
+
+
+def plan_from_latest(
+    latest: Sequence[AttemptLike], counted: int, planned_trials: int, per_key: int
+) -> RetryPlan:
+    """``plan_retries`` from each key's highest attempt (only the infra errors matter) and the
+    retries already started that count toward the cap: what the tally keeps (results/tally.py)."""
+    cap = experiment_retry_cap(planned_trials)
+    failed = sorted(latest, key=lambda t: (t.finished_at, t.trial_key))
     retries: list[Retry] = []
     notes: list[str] = []
     stopped: list[str] = []
@@ -187,10 +214,10 @@ def plan_retries(attempts: Sequence[TrialRecord], planned_trials: int, per_key: 
     return RetryPlan(retries, notes, cap_reached)
 
 
-def _streak(attempts: Sequence[TrialRecord]) -> list[TrialRecord]:
+def _streak(attempts: Sequence[AttemptLike]) -> list[AttemptLike]:
     _by_key(attempts)  # the same checks as plan_retries
     ordered = sorted(attempts, key=lambda t: (t.finished_at, t.trial_key, t.attempt))
-    streak: list[TrialRecord] = []
+    streak: list[AttemptLike] = []
     for t in reversed(ordered):
         if t.outcome_class != "infra_error":
             break
@@ -199,7 +226,7 @@ def _streak(attempts: Sequence[TrialRecord]) -> list[TrialRecord]:
     return streak[::-1]
 
 
-def outage_streak(attempts: Sequence[TrialRecord]) -> tuple[int, list[str]]:
+def outage_streak(attempts: Sequence[AttemptLike]) -> tuple[int, list[str]]:
     """How many systemic failures end the experiment's attempts, by ``finished_at``, and their keys.
 
     The keys are in time order, one per failed attempt (a key retried within the
@@ -211,7 +238,7 @@ def outage_streak(attempts: Sequence[TrialRecord]) -> tuple[int, list[str]]:
     return len(streak), [t.trial_key for t in streak]
 
 
-def breaker_note(attempts: Sequence[TrialRecord], limit: int) -> str | None:
+def breaker_note(attempts: Sequence[AttemptLike], limit: int) -> str | None:
     """A note naming the streak once ``limit`` systemic failures in a row end the attempts.
 
     ``limit`` is ``Settings.breaker_streak`` (``HANGAR_OUTAGE_BREAKER_STREAK``, 5). None while

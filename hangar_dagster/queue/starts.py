@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.queue import budget
-from hangar_dagster.queue.retries import Retry, breaker_note, plan_retries
+from hangar_dagster.queue.retries import Retry, breaker_note, plan_from_latest, plan_retries
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.records import NoteRecord
 from hangar_dagster.results.store import Store
+from hangar_dagster.results.tally import Attempt
 from hangar_dagster.settings import TPM_BUDGET_VAR, Settings
 
 QUEUE_TAG = "hangar/queue"
@@ -75,10 +76,13 @@ def ungraded(exp: ResolvedExperiment, store: Store) -> list[TrialKey]:
     and is retried or ends the key, so it never waits for a grade.
     """
     planned = {k.key: k for k in exp.trial_keys()}
-    graded = {(g.trial_key, g.attempt) for g in store.grades(exp.experiment_id, all_attempts=True)}
+    graded = store.graded_attempts(exp.experiment_id)
+    latest: dict[str, Attempt] = {}
+    for t in store.attempts(exp.experiment_id):  # by key, then attempt: the highest wins
+        latest[t.trial_key] = t
     return sorted(
         planned[t.trial_key]
-        for t in store.trials(exp.experiment_id)
+        for t in latest.values()
         if t.trial_key in planned
         and t.outcome_class != "infra_error"
         and (t.trial_key, t.attempt) not in graded
@@ -104,10 +108,15 @@ def invalid_tasks(exp: ResolvedExperiment, store: Store) -> dict[str, str]:
     }
 
 
+def planned_trials(exp: ResolvedExperiment) -> int:
+    """How many trial keys ``exp`` plans (``len(exp.trial_keys())`` without building them)."""
+    return sum(len(v.tasks) for v in exp.variants.values()) * exp.spec.trials
+
+
 def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pending:
-    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    attempts = store.attempts(exp.experiment_id)
     tried = {t.trial_key for t in attempts}
-    plan = plan_retries(attempts, len(exp.trial_keys()), settings.infra_retries)
+    plan = plan_retries(attempts, planned_trials(exp), settings.infra_retries)
     # A trial of an invalid task can't be scored: it never starts (nor is retried), so isn't paid for.
     invalid = invalid_tasks(exp, store)
     new = [k for k in exp.trial_keys() if k.key not in tried]
@@ -137,7 +146,7 @@ def record_queue_notes(
     Each distinct message is stored once per experiment, however often the
     trials runs plan: a note says what happened, not that it is still true.
     """
-    attempts = store.trials(exp.experiment_id, all_attempts=True)
+    attempts = store.attempts(exp.experiment_id)
     said = [*pending(exp, store, settings).notes]
     if outage := breaker_note(attempts, settings.breaker_streak):
         said.append(outage)
@@ -155,7 +164,12 @@ def record_queue_notes(
 def blocker(
     exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
 ) -> str | None:
-    """Why no trial of ``exp`` may start at ``now`` under ``settings``, or None."""
+    """Why no trial of ``exp`` may start at ``now`` under ``settings``, or None.
+
+    The start check: called before every trial start, so it reads only the tally's
+    aggregates and index lookups (results/tally.py), never full trial rows; its cost does not
+    grow with the attempts stored (benchmarks/start_check.py).
+    """
     window = settings.window
     if not window.is_open(now):
         opens = window.next_open(now).astimezone(window.tz)
@@ -163,11 +177,13 @@ def blocker(
     spent = budget.start_blocker(store, exp.author, now, settings.caps)
     if spent:
         return spent
-    attempts = store.trials(exp.experiment_id, all_attempts=True)
-    outage = breaker_note(attempts, settings.breaker_streak)
+    state = store.start_state(exp.experiment_id)
+    outage = breaker_note(state.after_measured, settings.breaker_streak)
     if outage:
         return f"outage: {outage}"
-    capped = plan_retries(attempts, len(exp.trial_keys()), settings.infra_retries).cap_reached
+    capped = plan_from_latest(
+        state.latest_infra, state.counted_retries, planned_trials(exp), settings.infra_retries
+    ).cap_reached
     if capped:
         return f"retry_cap: {capped}"
     return None

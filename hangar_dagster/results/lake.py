@@ -27,11 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import psycopg2
+import psycopg2.extensions
 import pyarrow as pa
 
 from hangar_dagster.results.records import GradeRecord, Record
 from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
 from hangar_dagster.results.store import Store, _rows
+from hangar_dagster.results.tally import (
+    DDL,
+    TRIAL_COLUMNS,
+    Cursor,
+    TallySQL,
+    trial_row,
+)
 from hangar_dagster.settings import HangarPaths
 
 log = logging.getLogger(__name__)
@@ -43,6 +52,16 @@ INLINE_ROWS = 1000
 # A process flushes inlined rows after this many puts of its own (compact stays callable).
 FLUSH_EVERY = 500
 _RETRIES = 50
+_SQL = TallySQL(psycopg2.paramstyle)
+# A trial whose tally row was reserved this long ago but never applied: its writer died between
+# its DuckLake commit and the tally (or before the commit); a start check settles it.
+UNAPPLIED_STALE_S = 60.0
+_TALLY_LOCK = 0x68616E67  # pg_advisory_xact_lock key of the tally's schema and rebuild
+_UNAPPLIED_DDL = (
+    "CREATE TABLE IF NOT EXISTS tally_unapplied (experiment_id TEXT NOT NULL, "
+    "trial_key TEXT NOT NULL, attempt BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now(), "
+    "PRIMARY KEY (experiment_id, trial_key, attempt))"
+)
 
 
 def extension_directory() -> Path:
@@ -97,6 +116,10 @@ class LakeStore(Store):
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._puts = 0
+        # the tally's Postgres connections, one per thread (results/tally.py)
+        self._pg_local = threading.local()
+        self._pg_all: list[psycopg2.extensions.connection] = []
+        self._tally_ready = False
 
     # ---- connection ----------------------------------------------------------------------
 
@@ -213,10 +236,10 @@ class LakeStore(Store):
                     reserved = True
                 finally:
                     con.unregister("keys")
-                if reserved:
-                    batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-                    self._retrying(con, lambda c, t=table, b=batch: self._insert(c, t, b))
-                    continue
+            if reserved:
+                batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+                self._stored(table, rows, lambda t=table, b=batch: self._retrying_insert(t, b))
+                continue
             for row in rows:  # a stored key among them: the one-by-one path says which
                 self._put_rows(table, [row])
 
@@ -255,7 +278,45 @@ class LakeStore(Store):
                         )
                         return
                     # a writer reserved the key and died before its insert: the key is free
+        self._stored(table, rows, lambda: self._retrying_insert(table, batch))
+
+    def _retrying_insert(self, table: Table, batch: pa.Table) -> None:
+        with self._db() as con:
             self._retrying(con, lambda c: self._insert(c, table, batch))
+
+    def _stored(self, table: Table, rows: list[dict[str, Any]], insert: Any) -> None:
+        """Run ``insert`` (the DuckLake commit) and keep the tally level with it: a trial's key
+        is marked unapplied first, applied after the commit, so a crash between is found."""
+        if table.name == "trials":
+            with self._pg_tx() as cur:
+                cur.executemany(
+                    "INSERT INTO tally_unapplied (experiment_id, trial_key, attempt) "
+                    "VALUES (%s, %s, %s) ON CONFLICT (experiment_id, trial_key, attempt) "
+                    "DO UPDATE SET at = now()",
+                    [(r["experiment_id"], r["trial_key"], r["attempt"]) for r in rows],
+                )
+        try:
+            insert()
+        except BaseException:
+            if table.name == "trials":
+                with self._pg_tx() as cur:
+                    self._forget_unapplied(cur, rows)
+            raise
+        if table.name == "trials":
+            with self._pg_tx() as cur:
+                _SQL.apply_trials(cur, [trial_row(r) for r in rows])
+                self._forget_unapplied(cur, rows)
+        elif table.name == "experiments":
+            with self._pg_tx() as cur:
+                _SQL.apply_experiments(cur, [(r["experiment_id"], r["author"]) for r in rows])
+
+    @staticmethod
+    def _forget_unapplied(cur: Cursor, rows: list[dict[str, Any]]) -> None:
+        cur.executemany(
+            "DELETE FROM tally_unapplied WHERE experiment_id = %s AND trial_key = %s "
+            "AND attempt = %s",
+            [(r["experiment_id"], r["trial_key"], r["attempt"]) for r in rows],
+        )
 
     @staticmethod
     def _encoded(table: Table, row: dict[str, Any]) -> dict[str, Any]:
@@ -333,13 +394,102 @@ class LakeStore(Store):
         with self._db() as con:
             return _rows(con.execute(sql, params))
 
-    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
-        rows = self._query(
-            "SELECT coalesce(max(attempt), 0) AS n FROM trials "
-            "WHERE experiment_id = ? AND trial_key = ?",
-            [experiment_id, trial_key],
+    # ---- the tally (results/tally.py), in the catalog's Postgres ---------------------------
+
+    def _pg(self) -> psycopg2.extensions.connection:
+        """This thread's Postgres connection for the tally (no lock shared between threads)."""
+        con: psycopg2.extensions.connection | None = getattr(self._pg_local, "con", None)
+        if con is None or con.closed:
+            con = psycopg2.connect(self.paths.store.catalog)
+            self._pg_local.con = con
+            with self._lock:
+                self._pg_all.append(con)
+        return con
+
+    @contextmanager
+    def _pg_tx(self) -> Iterator[Cursor]:
+        """One Postgres transaction on this thread's connection, the tally's tables ready."""
+        if not self._tally_ready:
+            self._create_tally()
+        con = self._pg()
+        try:
+            with con.cursor() as cur:
+                yield cur
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+
+    def _create_tally(self) -> None:
+        con = self._pg()
+        try:
+            with con.cursor() as cur:
+                # one creator at a time: concurrent CREATE ... IF NOT EXISTS can still collide
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
+                for statement in (*DDL, _UNAPPLIED_DDL):
+                    cur.execute(statement)
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        self._tally_ready = True
+
+    @contextmanager
+    def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        with self._pg_tx() as cur:
+            if not _SQL.built(cur):
+                self._build_tally(cur)
+            self._settle_unapplied(cur)
+            yield _SQL, cur
+
+    def _build_tally(self, cur: Cursor) -> None:
+        """Fill a new (or outdated) tally from the DuckLake's trials and experiments."""
+        trials = self._query(f"SELECT {', '.join(TRIAL_COLUMNS)} FROM trials", [])
+        authors = self._query("SELECT experiment_id, author FROM experiments", [])
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
+        if _SQL.built(cur):
+            return  # another process built it meanwhile
+        _SQL.rebuild(
+            cur,
+            [trial_row(r) for r in trials],
+            [(r["experiment_id"], r["author"]) for r in authors],
         )
-        return int(rows[0]["n"]) + 1
+        log.info("built the tally from %d trial attempt(s)", len(trials))
+
+    def _settle_unapplied(self, cur: Cursor) -> None:
+        """Settle trials marked unapplied long ago (normally none): their writer died after the
+        DuckLake commit (the row is there: apply it) or before it (nothing stored: forget it)."""
+        cur.execute(
+            "SELECT experiment_id, trial_key, attempt, at FROM tally_unapplied "
+            "WHERE at < now() - make_interval(secs => %s)",
+            [UNAPPLIED_STALE_S],
+        )
+        for experiment_id, trial_key, attempt, at in cur.fetchall():
+            stored = self._query(
+                f"SELECT {', '.join(TRIAL_COLUMNS)} FROM trials "
+                "WHERE experiment_id = ? AND trial_key = ? AND attempt = ?",
+                [experiment_id, trial_key, attempt],
+            )
+            _SQL.apply_trials(cur, [trial_row(r) for r in stored])
+            cur.execute(
+                "DELETE FROM tally_unapplied WHERE experiment_id = %s AND trial_key = %s "
+                "AND attempt = %s AND at = %s",
+                [experiment_id, trial_key, attempt, at],
+            )
+            log.warning(
+                "tally: %s %s attempt %s %s",
+                experiment_id,
+                trial_key,
+                attempt,
+                "applied after its writer died" if stored else "was never stored; forgotten",
+            )
+
+    def rebuild_tally(self) -> None:
+        with self._pg_tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
+            for name in ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta"):
+                cur.execute(f"DELETE FROM {name}")
+            self._build_tally(cur)
 
     def _has_trials(self) -> bool:
         return bool(self._query("SELECT 1 AS x FROM trials LIMIT 1", []))
@@ -349,6 +499,9 @@ class LakeStore(Store):
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            for con in self._pg_all:
+                con.close()
+            self._pg_all.clear()
 
 
 def with_rollback(con: duckdb.DuckDBPyConnection) -> None:

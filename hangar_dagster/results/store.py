@@ -22,6 +22,7 @@ import importlib
 import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -46,6 +47,14 @@ from hangar_dagster.results.records import (
     TrialRecord,
 )
 from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.results.tally import (
+    TRIAL_COLUMNS,
+    Attempt,
+    Cursor,
+    StartState,
+    TallySQL,
+    trial_row,
+)
 from hangar_dagster.settings import HangarPaths
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,56 @@ def _thread_lock(db: Path) -> threading.Lock:
     # one lock per database file for the whole process, however many Stores point at it
     with _THREAD_LOCKS_GUARD:
         return _THREAD_LOCKS.setdefault(db, threading.Lock())
+
+
+_SQL = TallySQL(sqlite3.paramstyle)
+_LOCAL = threading.local()
+# marker names whose rows this process already put in the tally (a marker stays while DuckDB is
+# out of reach; each start check would otherwise read its file again)
+_TALLIED: set[tuple[Path, str]] = set()
+_TALLIED_GUARD = threading.Lock()
+
+
+def _sqlite(path: Path) -> sqlite3.Connection:
+    """This thread's connection to the SQLite file at ``path`` (WAL: readers never wait).
+
+    Opened again when the file was replaced or removed (a rebuild), or after a fork.
+    """
+    if getattr(_LOCAL, "pid", None) != os.getpid():
+        _LOCAL.pid, _LOCAL.conns = os.getpid(), {}
+    conns: dict[Path, tuple[sqlite3.Connection, int]] = _LOCAL.conns
+    try:
+        inode = path.stat().st_ino
+    except FileNotFoundError:
+        inode = -1
+    held = conns.get(path)
+    if held is not None and held[1] == inode:
+        return held[0]
+    if held is not None:
+        held[0].close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=60.0, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    # FULL: a commit survives a power cut, so a journal marker removed after it never leaves
+    # the tally short of a row
+    con.execute("PRAGMA synchronous=FULL")
+    with _write(con) as cur:
+        _SQL.create(cur)
+    conns[path] = (con, path.stat().st_ino)
+    return con
+
+
+@contextmanager
+def _write(con: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
+    """One SQLite write transaction (taken at once: no upgrade deadlock between writers)."""
+    cur = con.cursor()
+    cur.execute("BEGIN IMMEDIATE")
+    try:
+        yield cur
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    cur.execute("COMMIT")
 
 
 def _fsync(path: Path) -> None:
@@ -131,8 +190,50 @@ class Store:
         """Rows of ``sql`` over the documented tables and views, JSON columns decoded."""
         raise NotImplementedError  # each backend has its own
 
+    @contextmanager
+    def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        """The tally (results/tally.py), level with every stored trial: the start check's reads."""
+        raise NotImplementedError  # each backend has its own
+        yield  # pragma: no cover
+
     def next_attempt(self, experiment_id: str, trial_key: str) -> int:
-        """1 + the highest attempt stored for the key (1 if none)."""
+        """1 + the highest attempt stored for the key (1 if none); an index lookup."""
+        with self._tally() as (sql, cur):
+            return sql.next_attempt(cur, experiment_id, trial_key)
+
+    def start_state(self, experiment_id: str) -> StartState:
+        """What the outage breaker and the retry cap need (queue/starts.py ``blocker``)."""
+        with self._tally() as (sql, cur):
+            return sql.start_state(cur, experiment_id)
+
+    def attempts(self, experiment_id: str) -> list[Attempt]:
+        """Every trial attempt of the experiment, narrow (no trace or manifest)."""
+        with self._tally() as (sql, cur):
+            return sql.attempts(cur, experiment_id)
+
+    def spent_by_author(self, month: str) -> dict[str, float]:
+        """Author -> what their experiments' attempts finished in ``month`` (UTC) cost, as the
+        ``budget_ledger`` view counts it (an experiment with no stored record counts for nobody)."""
+        if not self._has_trials():
+            return {}  # answer without creating anything (a refused submit writes nothing)
+        with self._tally() as (sql, cur):
+            rows = sql.spend(cur, month)
+        authors = {e: a for e, _, a in rows if a is not None}
+        unknown = [e for e, _, a in rows if a is None]
+        if unknown:
+            # a crash between an experiment's record and its tally row: its record says
+            found = [(e, r.author) for e in unknown if (r := self.experiment(e)) is not None]
+            with self._tally() as (sql, cur):
+                sql.apply_experiments(cur, found)
+            authors.update(found)
+        out: dict[str, float] = {}
+        for experiment_id, spent, _ in rows:
+            if experiment_id in authors:
+                out[authors[experiment_id]] = out.get(authors[experiment_id], 0.0) + spent
+        return out
+
+    def rebuild_tally(self) -> None:
+        """Drop the tally and fill it again from the stored trials and experiments."""
         raise NotImplementedError  # each backend has its own
 
     def sync(self) -> int:
@@ -318,11 +419,15 @@ class Store:
 
     def tokens_finished_since(self, since: dt.datetime) -> int:
         """Tokens of every trial attempt (all experiments) that finished after ``since``."""
+        with self._tally() as (sql, cur):
+            return sql.tokens_since(cur, since)
+
+    def graded_attempts(self, experiment_id: str) -> set[tuple[str, int]]:
+        """(trial key, attempt) of every stored grade of the experiment (two narrow columns)."""
         rows = self._query(
-            "SELECT coalesce(sum(tokens_in + tokens_out), 0) AS n FROM trials WHERE finished_at > ?",
-            [since],
+            "SELECT trial_key, attempt FROM grades WHERE experiment_id = ?", [experiment_id]
         )
-        return int(rows[0]["n"])
+        return {(r["trial_key"], int(r["attempt"])) for r in rows}
 
     def summary(self, experiment_id: str) -> list[dict[str, Any]]:
         """Per variant: trials, passed, graded, pass_rate_pts, outcome counts (variant_summary)."""
@@ -396,13 +501,15 @@ class EmbeddedStore(Store):
         except BaseException:
             marker.unlink(missing_ok=True)
             raise
+        tallied = self._tally_rows(table, rows, marker.name)
         try:
             with self._db() as con:
                 self._insert(con, table, batch)
         except StoreUnavailable as e:
             log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
             return  # the marker stays: the next read brings the row in
-        marker.unlink(missing_ok=True)
+        if tallied:
+            marker.unlink(missing_ok=True)
 
     def _mark(self, table: Table, row: dict[str, Any]) -> Path:
         """A journal entry naming the file about to be written (its relative path inside)."""
@@ -504,7 +611,8 @@ class EmbeddedStore(Store):
                 [str(path)],
             )
             log.info("brought %s into DuckDB from its journal marker", path)
-            marker.unlink(missing_ok=True)
+            if self._tally_file(table, path, marker.name):
+                marker.unlink(missing_ok=True)
 
     @staticmethod
     def _count(con: duckdb.DuckDBPyConnection, name: str, per: tuple[str, ...] = ()) -> int:
@@ -599,33 +707,83 @@ class EmbeddedStore(Store):
             finally:
                 mem.close()
 
-    def next_attempt(self, experiment_id: str, trial_key: str) -> int:
-        """1 + the highest attempt stored for the key (1 if none).
+    # ---- the tally (results/tally.py) ----------------------------------------------------
 
-        From DuckDB once the journal's files are in (so every Parquet row counts); only when
-        DuckDB is out of reach, from the experiment's Parquet folder.
-        """
+    def _tally_rows(self, table: Table, rows: list[dict[str, Any]], marker: str) -> bool:
+        """Add stored rows to the tally (trials and experiments only); False if it failed (the
+        journal marker then stays, and the next read or start check adds them)."""
+        if table.name not in ("trials", "experiments"):
+            return True
         try:
-            with self._db() as con:
-                self._sync_pending(con)
-                got = con.execute(
-                    "SELECT coalesce(max(attempt), 0) FROM trials "
-                    "WHERE experiment_id = ? AND trial_key = ?",
-                    [experiment_id, trial_key],
-                ).fetchone()
-                return int(got[0] if got else 0) + 1
-        except StoreUnavailable:
-            pass
-        # attempt 0 is never stored: its file name minus "0.parquet" prefixes every attempt's
-        probe = self.paths.parquet / BY_NAME["trials"].relpath(
-            {"experiment_id": experiment_id, "trial_key": trial_key, "attempt": 0}
-        )
-        prefix = probe.name.removesuffix("0.parquet")
-        attempts = [
-            int(p.name[len(prefix) :].removesuffix(".parquet"))
-            for p in probe.parent.glob(f"{prefix}*.parquet")
-        ]
-        return max(attempts, default=0) + 1
+            with _write(_sqlite(self.paths.tally)) as cur:
+                if table.name == "trials":
+                    _SQL.apply_trials(cur, [trial_row(r) for r in rows])
+                else:
+                    _SQL.apply_experiments(cur, [(r["experiment_id"], r["author"]) for r in rows])
+        except (sqlite3.Error, OSError) as e:
+            log.warning("the tally missed a %s row (%s); the journal keeps it", table.name, e)
+            return False
+        with _TALLIED_GUARD:
+            _TALLIED.add((self.paths.tally, marker))
+        return True
+
+    def _tally_file(self, table: Table, path: Path, marker: str) -> bool:
+        """``_tally_rows`` for the record file a journal marker names (once per process)."""
+        with _TALLIED_GUARD:
+            if (self.paths.tally, marker) in _TALLIED:
+                return True
+        if table.name not in ("trials", "experiments"):
+            return True
+        return self._tally_rows(table, pq.read_table(path).to_pylist(), marker)
+
+    def _heal_tally(self) -> None:
+        """Add the files of journal markers the tally may lack (normally there are none)."""
+        try:
+            markers = list(os.scandir(self.paths.pending))
+        except FileNotFoundError:
+            return
+        for entry in markers:
+            table = BY_NAME.get(Path(entry.name).suffix.lstrip("."))
+            if table is None or table.name not in ("trials", "experiments"):
+                continue
+            try:
+                path = self.paths.parquet / Path(entry.path).read_text()
+                self._tally_file(table, path, entry.name)
+            except FileNotFoundError:
+                continue  # healed and removed meanwhile, or its writer is still writing it
+
+    @contextmanager
+    def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        con = _sqlite(self.paths.tally)
+        cur = con.cursor()
+        if not _SQL.built(cur):
+            self._build_tally(con)
+        self._heal_tally()
+        yield _SQL, cur
+
+    def _build_tally(self, con: sqlite3.Connection) -> None:
+        """Fill a new (or outdated) tally from DuckDB, itself level with Parquet first.
+
+        Read before the write lock is taken (lock order: DuckDB, then SQLite); a trial stored
+        meanwhile is added by its own put or its journal marker.
+        """
+        trials = self._query(f"SELECT {', '.join(TRIAL_COLUMNS)} FROM trials", [])
+        authors = self._query("SELECT experiment_id, author FROM experiments", [])
+        with _write(con) as cur:
+            if not _SQL.built(cur):
+                _SQL.rebuild(
+                    cur,
+                    [trial_row(r) for r in trials],
+                    [(r["experiment_id"], r["author"]) for r in authors],
+                )
+                log.info("built the tally from %d trial attempt(s)", len(trials))
+
+    def rebuild_tally(self) -> None:
+        con = _sqlite(self.paths.tally)
+        with _write(con) as cur:
+            for name in ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta"):
+                cur.execute(f"DELETE FROM {name}")
+        self._build_tally(con)
 
     def _has_trials(self) -> bool:
         # may hold some: then the query says (no listing of the tree)

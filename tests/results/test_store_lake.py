@@ -221,3 +221,65 @@ def test_the_store_settings_reach_a_run_and_come_back(tmp_path: Path) -> None:
     resource = HangarResource.from_settings(settings)
     assert "secret" not in repr(resource)  # an EnvVar: resolved in the run's process
     assert resource.store_mode == "ducklake" and resource.store_data == "/shared/lake"
+
+
+_TALLY_WRITER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/results")
+    import factories as f
+    from tally_check import mixed_attempts
+    from hangar_dagster.results import lake
+    from hangar_dagster.results.store import Store
+    from hangar_dagster.settings import paths
+    store = Store(paths())
+    n, crash = int(sys.argv[2]), sys.argv[3]
+    eid = f"exp-w{n}"
+    store.put(f.experiment(experiment_id=eid, author=f"author{n % 2}"))
+    for t in mixed_attempts(eid, 8, seed=n):
+        store.put(t)
+    dead = f.attempt_of(eid, "v0/dead/1", 1, outcome_class="infra_error", infra_reason="preempted")
+    if crash == "after-commit":  # stored in the DuckLake, the tally not yet told
+        lake._SQL.apply_trials = lambda *a: os._exit(9)
+        store.put(dead)
+    elif crash == "before-commit":  # marked unapplied, never stored
+        lake.LakeStore._retrying_insert = lambda *a: os._exit(9)
+        store.put(dead)
+""")
+
+
+def test_the_tally_agrees_with_writer_processes_and_their_crashes(
+    lake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tally_check import assert_agrees
+
+    from hangar_dagster.results import lake
+
+    store = Store(paths())
+    store.experiments()  # the tables exist before the writers race
+    here = str(Path(__file__).parents[1])
+    crashes = ["none", "after-commit", "before-commit"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TALLY_WRITER, here, str(n), crash],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, crash in enumerate(crashes)
+    ]
+    for proc, crash in zip(procs, crashes, strict=True):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == (0 if crash == "none" else 9), err
+    experiments = [f"exp-w{n}" for n in range(len(crashes))]
+    # the dead writers' marks are settled once stale: one row applied, one forgotten
+    monkeypatch.setattr(lake, "UNAPPLIED_STALE_S", 0.0)
+    assert store.next_attempt("exp-w1", "v0/dead/1") == 2
+    assert store.next_attempt("exp-w2", "v0/dead/1") == 1
+    assert_agrees(store, experiments)
+    assert isinstance(store, LakeStore)
+    with store._pg_tx() as cur:
+        cur.execute("SELECT count(*) FROM tally_unapplied")
+        assert cur.fetchone()[0] == 0
+    store.rebuild_tally()
+    assert_agrees(store, experiments)
+    store.close()

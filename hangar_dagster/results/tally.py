@@ -1,0 +1,353 @@
+"""The start check's tally: one narrow row per trial attempt and each month's spend, kept current
+as records are stored, in a database with B-tree indexes and short transactions.
+
+Deciding whether a trial may start (queue/starts.py ``blocker``, the TPM throttle,
+``next_attempt``) must not read full trial rows (trace and manifest JSON) nor wait on the
+results store's engine: the embedded DuckDB file takes ~10 ms just to open and is held by one
+process at a time. So every stored trial attempt also lands here, narrow (its key, when it
+finished, its outcome and infra reason, its ledger cost and tokens) and indexed, and each
+month's spend per experiment is summed as the attempts arrive. Every question a start asks is
+then an index lookup whose cost does not grow with the attempts stored.
+
+Where it lives: the embedded store keeps it in SQLite (``HANGAR_HOME/tally.sqlite``, WAL: readers
+never wait, a writer holds the file for one short transaction; Python's own ``sqlite3``); the
+DuckLake store in plain tables of the catalog's Postgres database (every machine sees the same).
+
+Not a second truth: a row is applied once, by its key (``INSERT ... ON CONFLICT DO NOTHING``,
+and the spend only when that inserted), from a record already durable in the store; a crash
+between the two is healed from the store's own journal (embedded: the ``pending/`` markers;
+DuckLake: ``tally_unapplied``, results/lake.py), and a tally that is missing or of another
+``VERSION`` is rebuilt from the store's rows. tests/results/test_tally.py checks it against the
+full recomputation after crashes. docs/data.md, "The tally".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Bump when the tables or what a row holds change: a tally of another version is rebuilt.
+VERSION = "1"
+
+# queue/retries.py's CAP_EXEMPT, repeated here so this module needs nothing from queue/ (a test
+# checks the two agree).
+CAP_EXEMPT_REASONS = ("power_down", "control_plane_restart", "interrupted")
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+# Portable between SQLite and Postgres (upserts, partial indexes, row values).
+DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS tally_attempts (
+  experiment_id TEXT NOT NULL,
+  trial_key TEXT NOT NULL,
+  attempt BIGINT NOT NULL,
+  finished_us BIGINT NOT NULL,
+  outcome_class TEXT NOT NULL,
+  infra_reason TEXT,
+  run_id TEXT NOT NULL,
+  cost_usd DOUBLE PRECISION NOT NULL,
+  tokens BIGINT NOT NULL,
+  month TEXT NOT NULL,
+  PRIMARY KEY (experiment_id, trial_key, attempt))""",
+    # the breaker's streak and the retry cap read infra errors only
+    "CREATE INDEX IF NOT EXISTS tally_infra ON tally_attempts (experiment_id, finished_us) "
+    "WHERE outcome_class = 'infra_error'",
+    # the breaker's last measurement: the newest attempt that is not an infra error
+    "CREATE INDEX IF NOT EXISTS tally_measured ON tally_attempts "
+    "(experiment_id, finished_us, trial_key, attempt) WHERE outcome_class <> 'infra_error'",
+    # retries already started (every attempt after the first)
+    "CREATE INDEX IF NOT EXISTS tally_retries ON tally_attempts (experiment_id) WHERE attempt > 1",
+    # the TPM throttle: tokens of attempts finished in the last minute, every experiment
+    "CREATE INDEX IF NOT EXISTS tally_finished ON tally_attempts (finished_us)",
+    """CREATE TABLE IF NOT EXISTS tally_spend (
+  month TEXT NOT NULL,
+  experiment_id TEXT NOT NULL,
+  attempts BIGINT NOT NULL,
+  cost_usd DOUBLE PRECISION NOT NULL,
+  PRIMARY KEY (month, experiment_id))""",
+    """CREATE TABLE IF NOT EXISTS tally_experiments (
+  experiment_id TEXT PRIMARY KEY,
+  author TEXT NOT NULL)""",
+    "CREATE TABLE IF NOT EXISTS tally_meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+)
+TABLES = ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta")
+
+# The trial columns a tally row is made from (what a rebuild selects from the store).
+TRIAL_COLUMNS = (
+    "experiment_id",
+    "trial_key",
+    "attempt",
+    "finished_at",
+    "outcome_class",
+    "infra_reason",
+    "run_id",
+    "cost_usd",
+    "cost_estimate_usd",
+    "tokens_in",
+    "tokens_out",
+)
+_ATTEMPT_COLS = (
+    "experiment_id, trial_key, attempt, finished_us, outcome_class, infra_reason, run_id"
+)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A trial attempt as the queue's rules see it (queue/retries.py): no JSON, no blobs."""
+
+    experiment_id: str
+    trial_key: str
+    attempt: int
+    finished_at: dt.datetime
+    outcome_class: str
+    infra_reason: str | None
+    run_id: str
+
+
+@dataclass(frozen=True)
+class StartState:
+    """What the breaker and the retry cap need of one experiment (queue/starts.py ``blocker``)."""
+
+    # the infra errors after its newest attempt that is not one (the breaker's streak is these,
+    # less the neutral reasons), in time order
+    after_measured: list[Attempt]
+    # the infra errors that are the highest attempt of their key
+    latest_infra: list[Attempt]
+    # retries already started that count toward the experiment's cap
+    counted_retries: int
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor used here (sqlite3's and psycopg2's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchone(self) -> Any: ...
+
+
+def micros(at: dt.datetime) -> int:
+    """``at`` as whole microseconds since the epoch (exact: datetimes carry microseconds)."""
+    return (at - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def from_micros(us: int) -> dt.datetime:
+    return _EPOCH + dt.timedelta(microseconds=us)
+
+
+def trial_row(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The tally row of one trial row (a ``schema.Table.to_row`` dict or a store query's).
+
+    The cost is the budget ledger's (``budget_ledger``: an unknown cost counts as its estimate)
+    and the month is the UTC month its attempt finished in, as there.
+    """
+    finished: dt.datetime = row["finished_at"].astimezone(dt.UTC)
+    cost = row["cost_usd"]
+    if cost is None:
+        cost = row.get("cost_estimate_usd")
+    return (
+        row["experiment_id"],
+        row["trial_key"],
+        int(row["attempt"]),
+        micros(finished),
+        row["outcome_class"],
+        row["infra_reason"],
+        row["run_id"],
+        float(cost or 0.0),
+        int(row["tokens_in"]) + int(row["tokens_out"]),
+        f"{finished:%Y-%m}",
+    )
+
+
+class TallySQL:
+    """The tally's statements over a DB-API cursor; ``?`` becomes ``%s`` for psycopg2."""
+
+    def __init__(self, paramstyle: str) -> None:
+        self._pyformat = paramstyle in ("format", "pyformat")
+
+    def q(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self._pyformat else sql
+
+    def create(self, cur: Cursor) -> None:
+        for statement in DDL:
+            cur.execute(statement)
+
+    def built(self, cur: Cursor) -> bool:
+        cur.execute(self.q("SELECT v FROM tally_meta WHERE k = ?"), ["version"])
+        got = cur.fetchone()
+        return bool(got) and got[0] == VERSION
+
+    # ---- writing (inside the caller's transaction) --------------------------------------------
+
+    def apply_trials(self, cur: Cursor, rows: Iterable[tuple[Any, ...]]) -> int:
+        """Add trial attempts (``trial_row`` tuples); each counts once however often it comes."""
+        added = 0
+        for r in rows:
+            cur.execute(
+                self.q(
+                    "INSERT INTO tally_attempts (experiment_id, trial_key, attempt, finished_us, "
+                    "outcome_class, infra_reason, run_id, cost_usd, tokens, month) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+                ),
+                r,
+            )
+            if cur.rowcount != 1:
+                continue  # already counted
+            added += 1
+            cur.execute(
+                self.q(
+                    "INSERT INTO tally_spend (month, experiment_id, attempts, cost_usd) "
+                    "VALUES (?, ?, 1, ?) ON CONFLICT (month, experiment_id) DO UPDATE SET "
+                    "attempts = tally_spend.attempts + 1, "
+                    "cost_usd = tally_spend.cost_usd + excluded.cost_usd"
+                ),
+                [r[9], r[0], r[7]],
+            )
+        return added
+
+    def apply_experiments(self, cur: Cursor, authors: Iterable[tuple[str, str]]) -> None:
+        """Remember experiments' authors (immutable): the spend is summed per author from them."""
+        for experiment_id, author in authors:
+            cur.execute(
+                self.q(
+                    "INSERT INTO tally_experiments (experiment_id, author) VALUES (?, ?) "
+                    "ON CONFLICT DO NOTHING"
+                ),
+                [experiment_id, author],
+            )
+
+    def rebuild(
+        self,
+        cur: Cursor,
+        trials: Iterable[tuple[Any, ...]],
+        authors: Iterable[tuple[str, str]],
+    ) -> None:
+        """Fill the tally from every stored trial and experiment (a new or outdated tally).
+
+        Rows a writer applied meanwhile stay (keys count once); the spend is summed afresh
+        from the attempts, so it matches them whatever the order.
+        """
+        self.apply_trials(cur, trials)
+        self.apply_experiments(cur, authors)
+        cur.execute("DELETE FROM tally_spend")
+        cur.execute(
+            "INSERT INTO tally_spend (month, experiment_id, attempts, cost_usd) "
+            "SELECT month, experiment_id, count(*), sum(cost_usd) FROM tally_attempts "
+            "GROUP BY month, experiment_id"
+        )
+        cur.execute("DELETE FROM tally_meta WHERE k = 'version'")
+        cur.execute(self.q("INSERT INTO tally_meta (k, v) VALUES ('version', ?)"), [VERSION])
+
+    # ---- reading --------------------------------------------------------------------------
+
+    @staticmethod
+    def _attempts(rows: list[Any]) -> list[Attempt]:
+        return [
+            Attempt(e, k, int(n), from_micros(int(us)), o, r, run)
+            for e, k, n, us, o, r, run in rows
+        ]
+
+    def start_state(self, cur: Cursor, experiment_id: str) -> StartState:
+        cur.execute(
+            self.q(
+                "SELECT finished_us, trial_key, attempt FROM tally_attempts "
+                "WHERE experiment_id = ? AND outcome_class <> 'infra_error' "
+                "ORDER BY finished_us DESC, trial_key DESC, attempt DESC LIMIT 1"
+            ),
+            [experiment_id],
+        )
+        last = cur.fetchone()
+        if last is None:
+            cur.execute(
+                self.q(
+                    f"SELECT {_ATTEMPT_COLS} FROM tally_attempts "
+                    "WHERE experiment_id = ? AND outcome_class = 'infra_error' "
+                    "ORDER BY finished_us, trial_key, attempt"
+                ),
+                [experiment_id],
+            )
+        else:
+            cur.execute(
+                self.q(
+                    f"SELECT {_ATTEMPT_COLS} FROM tally_attempts "
+                    "WHERE experiment_id = ? AND outcome_class = 'infra_error' "
+                    "AND finished_us >= ? AND (finished_us, trial_key, attempt) > (?, ?, ?) "
+                    "ORDER BY finished_us, trial_key, attempt"
+                ),
+                [experiment_id, last[0], last[0], last[1], last[2]],
+            )
+        after = self._attempts(cur.fetchall())
+        cur.execute(
+            self.q(
+                f"SELECT {_ATTEMPT_COLS} FROM tally_attempts i "
+                "WHERE i.experiment_id = ? AND i.outcome_class = 'infra_error' AND NOT EXISTS ("
+                "SELECT 1 FROM tally_attempts n WHERE n.experiment_id = i.experiment_id "
+                "AND n.trial_key = i.trial_key AND n.attempt > i.attempt) "
+                "ORDER BY finished_us, trial_key, attempt"
+            ),
+            [experiment_id],
+        )
+        latest = self._attempts(cur.fetchall())
+        exempt = ", ".join(f"'{r}'" for r in CAP_EXEMPT_REASONS)
+        # queue/retries.py's count: every attempt after the first, but those replacing a
+        # drained, restarted or interrupted one
+        cur.execute(
+            self.q(
+                "SELECT (SELECT count(*) FROM tally_attempts WHERE experiment_id = ? "
+                "AND attempt > 1) - (SELECT count(*) FROM tally_attempts i "
+                "WHERE i.experiment_id = ? AND i.outcome_class = 'infra_error' "
+                f"AND i.infra_reason IN ({exempt}) AND EXISTS (SELECT 1 FROM tally_attempts n "
+                "WHERE n.experiment_id = i.experiment_id AND n.trial_key = i.trial_key "
+                "AND n.attempt = i.attempt + 1))"
+            ),
+            [experiment_id, experiment_id],
+        )
+        return StartState(after, latest, int(cur.fetchone()[0]))
+
+    def attempts(self, cur: Cursor, experiment_id: str) -> list[Attempt]:
+        """Every attempt of the experiment, narrow (a run's plan; not the start check)."""
+        cur.execute(
+            self.q(
+                f"SELECT {_ATTEMPT_COLS} FROM tally_attempts WHERE experiment_id = ? "
+                "ORDER BY trial_key, attempt"
+            ),
+            [experiment_id],
+        )
+        return self._attempts(cur.fetchall())
+
+    def next_attempt(self, cur: Cursor, experiment_id: str, trial_key: str) -> int:
+        cur.execute(
+            self.q(
+                "SELECT max(attempt) FROM tally_attempts WHERE experiment_id = ? AND trial_key = ?"
+            ),
+            [experiment_id, trial_key],
+        )
+        got = cur.fetchone()
+        return int(got[0] or 0) + 1
+
+    def tokens_since(self, cur: Cursor, since: dt.datetime) -> int:
+        cur.execute(
+            self.q("SELECT coalesce(sum(tokens), 0) FROM tally_attempts WHERE finished_us > ?"),
+            [micros(since)],
+        )
+        return int(cur.fetchone()[0])
+
+    def spend(self, cur: Cursor, month: str) -> list[tuple[str, float, str | None]]:
+        """(experiment, spent in ``month``, its author or None if not known here) per experiment."""
+        cur.execute(
+            self.q(
+                "SELECT s.experiment_id, s.cost_usd, e.author FROM tally_spend s "
+                "LEFT JOIN tally_experiments e ON e.experiment_id = s.experiment_id "
+                "WHERE s.month = ?"
+            ),
+            [month],
+        )
+        return [(str(e), float(c), a) for e, c, a in cur.fetchall()]
