@@ -106,8 +106,26 @@ class GradePartition:
 
     key: TrialKey
     grade: GradeRecord | None = None
-    reused: bool = False  # the attempt was graded by an earlier run
+    reused: bool = False  # the attempt was graded by an earlier run (not by this one's trials step)
     skipped: str | None = None
+
+
+def grade_and_store(
+    exp: ResolvedExperiment,
+    store: Store,
+    trial: TrialRecord,
+    checks: dict[str, BaseCheckRecord],
+    run_id: str,
+    paths: HangarPaths,
+    settings: Settings | None,
+) -> GradeRecord:
+    """Grade one stored attempt from its raw patch and store the grade (and its notes)."""
+    patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
+    grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings)
+    store.put(grade)
+    for note in contamination_notes(grade):  # the experiment note and the audit entry
+        store.put(note)
+    return grade
 
 
 def run_grades(
@@ -133,16 +151,12 @@ def run_grades(
     out: dict[TrialKey, GradePartition] = {
         k: GradePartition(k, skipped=why) for k, why in plan.skipped.items()
     }
-    out |= {k: GradePartition(k, grade=g, reused=True) for k, g in plan.kept.items()}
+    # A grade this run made in the trials step (graded as its trial finished) is not reused.
+    out |= {k: GradePartition(k, grade=g, reused=g.run_id != run_id) for k, g in plan.kept.items()}
     checks = store.base_checks(exp.experiment_id)
 
     def one(trial: TrialRecord) -> GradeRecord:
-        patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
-        grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings)
-        store.put(grade)
-        for note in contamination_notes(grade):  # the experiment note and the audit entry
-            store.put(note)
-        return grade
+        return grade_and_store(exp, store, trial, checks, run_id, paths, settings)
 
     if why := interrupted():  # the process is stopping: the next run grades them (pending)
         out |= {k: GradePartition(k, skipped=why) for k in plan.run}

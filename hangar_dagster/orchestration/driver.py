@@ -1,7 +1,8 @@
 """Driving an experiment through its stages as real Dagster runs.
 
-``stages.stage_tags`` says which partitions a stage's run covers (all of them, in one
-run) and, for trials, that it is eval-queue work. ``run_stages`` executes the
+``stages.stage_tags`` says which partitions a stage's run covers (all of them for the
+setup stages; for trials, the next slice of the pending work) and, for trials, that it is
+eval-queue work. ``run_stages`` executes the
 stages in this process against the shared instance (``hangar experiment run
 --wait``): the setup stages once, then trials runs while the queue has work
 for the experiment (waiting for the eval window when it is closed), then the
@@ -23,7 +24,7 @@ from typing import Any
 import dagster as dg
 
 from hangar_dagster.experiment.catalog import active_experiments
-from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
@@ -92,11 +93,11 @@ def run_stages(
     """
     run_ids: list[str] = []
 
-    def execute(stage: str) -> None:
+    def execute(stage: str, due: list[TrialKey] | None = None) -> None:
         if why := interrupted():
             raise Interrupted(why)
         job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
-        tags = stage_tags(exp, stage) | {TAG_CREATOR: creator_tag()}
+        tags = stage_tags(exp, stage, due) | {TAG_CREATOR: creator_tag()}
         result = dg.execute_job(job, instance, run_config=QUIET, tags=tags, raise_on_error=False)
         run_ids.append(result.run_id)
         if why := interrupted():  # the run ended early because of it: say that, not its status
@@ -146,7 +147,8 @@ def run_stages(
         if work.grades:
             say(f"grading {len(work.grades)} finished trial(s) that have no grade")
         before = progress()
-        execute("trials")
+        # While starts are blocked the run only grades; else it covers the next slice of work.
+        execute("trials", work.grades if why else work.keys + work.grades)
         if progress() == before:
             break  # nothing could start (e.g. the window closed as the run began): don't spin
     execute("index")

@@ -22,7 +22,7 @@ from pathlib import Path
 import dagster as dg
 
 from hangar_dagster.experiment.catalog import active_experiments
-from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
     SETUP_STAGES,
@@ -197,12 +197,14 @@ def started_since(runs: list[dg.RunRecord], at: dt.datetime | None) -> bool:
     return at is not None and any(r.create_timestamp >= at for r in runs)
 
 
-def _request(exp: ResolvedExperiment, stage: str, n: int) -> dg.RunRequest:
+def _request(
+    exp: ResolvedExperiment, stage: str, n: int, due: list[TrialKey] | None = None
+) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=f"{exp.experiment_id}:{stage}:{n}",
         job_name=job_name(exp, stage),
         # The job's tags name the experiment too; here the sensor can say whose job is not loaded.
-        tags=stage_tags(exp, stage) | {TAG_EXPERIMENT: exp.experiment_id},
+        tags=stage_tags(exp, stage, due) | {TAG_EXPERIMENT: exp.experiment_id},
     )
 
 
@@ -254,7 +256,8 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
                 if why is None or work.grades:
                     if died:
                         out.notes.append(f"{exp.experiment_id}: {retry_note('trials', died)}")
-                    out.requests.append(_request(exp, "trials", len(trials_runs) + 1))
+                    due = work.grades if why else work.keys + work.grades
+                    out.requests.append(_request(exp, "trials", len(trials_runs) + 1, due))
                     continue
                 out.waiting.append(f"{exp.experiment_id}: {why}")
         index_runs = runs.get("index", [])

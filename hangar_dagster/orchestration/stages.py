@@ -6,9 +6,12 @@ the in-process driver to name a stage, tag its run or read a partition key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.queue.partitions import run_range
 from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG
 
 STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
@@ -50,15 +53,32 @@ def partition_key_of(key: TrialKey) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
 
 
-def stage_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
-    """The tags of a stage's run: all its partitions in one run; for trials, the eval queue."""
+def stage_tags(
+    exp: ResolvedExperiment, stage: str, due: Iterable[TrialKey] | None = None
+) -> dict[str, str]:
+    """The tags of a stage's run: which partitions it covers and, for trials, the eval queue.
+
+    Setup stages cover all their partitions. A trials run given ``due`` (the keys it should
+    start or grade) covers only the next slice of them (``queue.partitions.run_range``): a
+    run's cost in Dagster grows with its range, so a 50,000-partition experiment runs in slices
+    and a relaunch costs what it runs. Without ``due`` it covers every partition.
+    """
     variants_def, tasks_def, trials_def = partitions(exp)
     by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
     part = by_stage.get(stage)
     if part is None:
         return {}
-    keys = part.get_partition_keys()
-    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    if stage == "trials" and due is not None:
+        dims = {d.name: d.partitions_def.get_partition_keys() for d in trials_def.partitions_defs}
+        span = run_range(dims["task_rep"], dims["variant"], due)
+        if span is None:
+            raise ValueError(f"a trials run of {exp.experiment_id} was asked for no due key")
+        start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})
+        end = dg.MultiPartitionKey({"task_rep": span.task_reps[1], "variant": span.variants[1]})
+        tags = {RANGE_START: str(start), RANGE_END: str(end)}
+    else:
+        keys = part.get_partition_keys()
+        tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
     if stage == "trials":
         tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
     return tags

@@ -10,7 +10,7 @@ bodies both ask this one function.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -54,3 +54,71 @@ def plan_partitions(
         else:
             plan.skipped[key] = missing
     return plan
+
+
+# At most this many partitions in one trials run: what a run costs in Dagster grows with its
+# partition range (planned and materialization events, metadata per partition; measured in
+# docs/architecture.md, "Runs over pending work"), so a run covers a slice of the pending work.
+RUN_PARTITIONS = 500
+
+
+@dataclass(frozen=True)
+class RunRange:
+    """A rectangle of the trials partitions: task_reps ``first..last`` x variants ``low..high``.
+
+    Dagster reads a range of a two-dimensional partitioning as a rectangle (each dimension's
+    own range), so a run's partitions are named by its corners.
+    """
+
+    task_reps: tuple[str, str]
+    variants: tuple[str, str]
+    size: int  # partitions in the rectangle, due or not
+
+
+def run_range(
+    task_reps: Sequence[str],
+    variants: Sequence[str],
+    due: Iterable[TrialKey],
+    limit: int = RUN_PARTITIONS,
+) -> RunRange | None:
+    """The next run's rectangle: from the first task_rep with due work, as many task_reps as keep
+    the rectangle within ``limit`` partitions (at least one), over the variants those rows need.
+
+    None when nothing is due. A relaunch over a few scattered keys thus costs a narrow range,
+    never the experiment's whole partition count.
+    """
+    row_of = {t: i for i, t in enumerate(task_reps)}
+    col_of = {v: i for i, v in enumerate(variants)}
+    rows: dict[int, list[int]] = {}
+    for key in due:
+        rows.setdefault(row_of[key.task_rep], []).append(col_of[key.variant])
+    if not rows:
+        return None
+    order = sorted(rows)
+    first = order[0]
+    low, high = min(rows[first]), max(rows[first])
+    last = first
+    for row in order[1:]:
+        lo, hi = min(low, *rows[row]), max(high, *rows[row])
+        if (row - first + 1) * (hi - lo + 1) > limit:
+            break
+        last, low, high = row, lo, hi
+    return RunRange(
+        (task_reps[first], task_reps[last]),
+        (variants[low], variants[high]),
+        (last - first + 1) * (high - low + 1),
+    )
+
+
+def longest_first(keys: Iterable[TrialKey], expected: Mapping[TrialKey, float]) -> list[TrialKey]:
+    """``keys`` with the longest expected work first (a trial and its grade, from earlier runs of
+    the same pin set and task): longest-processing-time order, which keeps a pool of slots from
+    ending on one long trial started last. A key with no history counts as the median of those
+    with one; with no history at all the order is kept (the sort is stable).
+    """
+    keys = list(keys)
+    known = sorted(expected[k] for k in keys if k in expected)
+    if not known:
+        return keys
+    middle = known[len(known) // 2]
+    return sorted(keys, key=lambda k: -expected.get(k, middle))

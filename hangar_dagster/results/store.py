@@ -429,6 +429,21 @@ class Store:
         )
         return {(r["trial_key"], int(r["attempt"])) for r in rows}
 
+    def work_durations(self, pin_sets: list[str]) -> dict[tuple[str, str], float]:
+        """(pin set, task) -> median seconds of a finished attempt plus its grade, over every
+        experiment that ran that pin set: what orders a run's trials longest first."""
+        if not pin_sets:
+            return {}
+        rows = self._query(
+            "SELECT t.pin_set, t.task, median(t.duration_s + coalesce(g.duration_s, 0)) AS s "
+            "FROM trials t LEFT JOIN grades g ON g.experiment_id = t.experiment_id "
+            "AND g.trial_key = t.trial_key AND g.attempt = t.attempt "
+            f"WHERE t.outcome_class != 'infra_error' AND t.pin_set IN ({', '.join('?' * len(pin_sets))}) "
+            "GROUP BY t.pin_set, t.task",
+            list(pin_sets),
+        )
+        return {(r["pin_set"], r["task"]): float(r["s"]) for r in rows}
+
     def summary(self, experiment_id: str) -> list[dict[str, Any]]:
         """Per variant: trials, passed, graded, pass_rate_pts, outcome counts (variant_summary)."""
         return self._query(

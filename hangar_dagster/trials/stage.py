@@ -6,7 +6,10 @@ ones, keep the finished ones, skip the rest) and stores the queue's notes.
 Keys to run start concurrently, at most the spec's ``parallel``, each once the
 tokens-per-minute throttle allows it and only while nothing blocks a start
 (window, budget, breaker) and no drain was asked for; each finished attempt is
-stored the moment it ends. The result says per key what happened; the trials
+stored the moment it ends and graded at once in the same slot (the grades step
+of the run then reports those grades and grades any a failure left). Keys start
+longest expected work first (a trial and its grade, from earlier runs of the
+same pin set and task). The result says per key what happened; the trials
 asset turns it into partition metadata.
 """
 
@@ -18,8 +21,9 @@ from dataclasses import dataclass
 
 from hangar_dagster.experiment.overlay import record_pins as record_overlay_pins
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.grading.stage import grade_and_store
 from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
-from hangar_dagster.queue.partitions import NOT_PENDING, plan_partitions
+from hangar_dagster.queue.partitions import NOT_PENDING, longest_first, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
 from hangar_dagster.queue.starts import TokenThrottle, blocker, pending, record_queue_notes
 from hangar_dagster.results.records import TrialRecord
@@ -92,6 +96,11 @@ def run_trials(
     # A finished attempt is kept (a resumed run loses and repeats nothing), and so is an infra
     # error the retry rules refuse (the notes say why).
     plan = plan_partitions(exp, keys, {k.key for k in work.keys}, latest, NOT_PENDING)
+    by_work = store.work_durations(sorted({v.pin_set for v in exp.variants.values()}))
+    expected = {
+        k: s for k in plan.run if (s := by_work.get((exp.variants[k.variant].pin_set, k.task)))
+    }
+    checks = store.base_checks(exp.experiment_id)
     out: dict[TrialKey, TrialPartition] = {
         k: TrialPartition(k, skipped=why) for k, why in plan.skipped.items()
     }
@@ -137,9 +146,18 @@ def run_trials(
                 store.put(record)  # stored the moment it finishes: a crash later loses nothing
             except DuplicateRecordError:
                 return "another run stored this attempt first"  # two runs raced: one counts
+            if interrupted() is None:  # else the next run grades it (it is pending)
+                # Graded at once in the same slot: no barrier between trials and grades. A
+                # grade that fails here is left to the grades step of this run, which grades
+                # every finished attempt without one.
+                try:
+                    grade_and_store(exp, store, record, checks, run_id, paths, settings)
+                except Exception as err:
+                    log.warning(f"trial {key.key}: its grade is left to the grades step: {err}")
             return record
 
-        for key, result in concurrently(plan.run, one, exp.spec.parallel):
+        order = longest_first(plan.run, expected)
+        for key, result in concurrently(order, one, exp.spec.parallel):
             if isinstance(result, str):
                 log.info(f"trial {key.key} not started: {result}")
                 out[key] = TrialPartition(key, not_started=result)

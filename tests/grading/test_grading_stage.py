@@ -9,7 +9,8 @@ import pytest
 from hangar_dagster.grading.stage import GradePartition, run_base_checks, run_grades
 from hangar_dagster.queue.partitions import NO_TRIAL
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import paths
+from hangar_dagster.settings import Settings, paths
+from hangar_dagster.trials.trial import TrialRequest, run_trial
 from tests.trials.test_trials_stage import PLAIN, SKILL, Said, median_only, stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
@@ -42,7 +43,12 @@ def test_grades_grade_each_latest_attempt_once(example_dir: Path, hangar_home: P
     exp = median_only(example_dir, "stage-grades")
     store = Store(paths())
     run_base_checks(exp, store, paths(), "run-b", ["median"], Said())
-    stage(exp, "run-t", [PLAIN], Said())  # skill's trial never ran
+    # A trial stored without its grade (the process died between the two): skill's never ran.
+    record, _ = run_trial(
+        TrialRequest(experiment=exp, key=PLAIN, attempt=1, retry_of=None, run_id="run-t"),
+        Settings.from_env(),
+    )
+    store.put(record)
     graded = run_grades(exp, store, paths(), "run-g", [PLAIN, SKILL])
     assert graded[SKILL] == GradePartition(SKILL, skipped=NO_TRIAL)
     grade = graded[PLAIN].grade
@@ -53,3 +59,17 @@ def test_grades_grade_each_latest_attempt_once(example_dir: Path, hangar_home: P
     again = run_grades(exp, store, paths(), "run-g2", [PLAIN])
     assert again == {PLAIN: GradePartition(PLAIN, grade=grade, reused=True)}
     assert len(store.grades(exp.experiment_id, all_attempts=True)) == 1
+
+
+def test_a_grade_the_trials_step_made_in_this_run_is_not_reused(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    exp = median_only(example_dir, "stage-grades-pipelined")
+    store = Store(paths())
+    stage(exp, "run-t", [PLAIN], Said())  # the trial, graded in its slot
+    [made] = store.grades(exp.experiment_id)
+    assert made.run_id == "run-t"
+    same = run_grades(exp, store, paths(), "run-t", [PLAIN])
+    assert same == {PLAIN: GradePartition(PLAIN, grade=made, reused=False)}
+    later = run_grades(exp, store, paths(), "run-later", [PLAIN])
+    assert later == {PLAIN: GradePartition(PLAIN, grade=made, reused=True)}

@@ -12,8 +12,12 @@ from hangar_dagster.queue.partitions import (
     NO_TRIAL,
     NOT_IN_VARIANT,
     NOT_PENDING,
+    RUN_PARTITIONS,
     PartitionPlan,
+    RunRange,
+    longest_first,
     plan_partitions,
+    run_range,
 )
 from hangar_dagster.settings import Settings
 
@@ -69,3 +73,45 @@ def test_nothing_due_nothing_finished_is_skipped_with_the_stage_reason(
 ) -> None:
     plan: PartitionPlan[int] = plan_partitions(exp, [A, C], due=(), finished={}, missing=NO_TRIAL)
     assert plan.skipped == {A: NO_TRIAL, C: NO_TRIAL} and not plan.run and not plan.kept
+
+
+REPS = [f"t{t:03d}.r{r}" for t in range(500) for r in range(1, 11)]  # 500 tasks x 10 trials
+VARIANTS = [f"v{i}" for i in range(10)]
+
+
+def _key(rep: str, variant: str) -> TrialKey:
+    return TrialKey.from_partition(variant, rep)
+
+
+def test_a_fresh_50000_partition_experiment_runs_in_slices_of_at_most_the_limit() -> None:
+    due = [_key(r, v) for r in REPS for v in VARIANTS]
+    span = run_range(REPS, VARIANTS, due)
+    assert span == RunRange((REPS[0], REPS[49]), (VARIANTS[0], VARIANTS[9]), 500)
+    assert span.size == RUN_PARTITIONS
+    rest = [k for k in due if REPS.index(k.task_rep) >= 50]
+    after = run_range(REPS, VARIANTS, rest)
+    assert after is not None and after.task_reps == (REPS[50], REPS[99])
+
+
+def test_a_relaunch_over_scattered_keys_covers_a_narrow_range_not_the_partition_count() -> None:
+    # Three retries far apart: the next run covers the first and the rows it can reach.
+    due = [_key(REPS[7], "v3"), _key(REPS[9], "v5"), _key(REPS[4000], "v1")]
+    span = run_range(REPS, VARIANTS, due)
+    assert span == RunRange((REPS[7], REPS[9]), ("v3", "v5"), 9)
+    one = run_range(REPS, VARIANTS, due[2:])
+    assert one == RunRange((REPS[4000], REPS[4000]), ("v1", "v1"), 1)
+
+
+def test_a_row_wider_than_the_limit_is_still_run_alone() -> None:
+    due = [_key(REPS[0], v) for v in VARIANTS] + [_key(REPS[1], "v0")]
+    assert run_range(REPS, VARIANTS, due, limit=4) == RunRange((REPS[0], REPS[0]), ("v0", "v9"), 10)
+
+
+def test_nothing_due_has_no_range() -> None:
+    assert run_range(REPS, VARIANTS, []) is None
+
+
+def test_longest_expected_work_starts_first_and_unknown_keys_count_as_the_median() -> None:
+    a, b, c, d = (_key(REPS[i], "v0") for i in range(4))
+    assert longest_first([a, b, c, d], {a: 1.0, b: 10.0, c: 3.0}) == [b, c, d, a]
+    assert longest_first([a, b, c], {}) == [a, b, c]  # no history: the given order

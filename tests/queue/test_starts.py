@@ -265,3 +265,31 @@ def test_trials_runs_are_tagged_as_eval_work(exp: ResolvedExperiment) -> None:
     assert tags["hangar/queue"] == "eval"
     assert int(tags["dagster/priority"]) < 0
     assert "hangar/queue" not in stage_tags(exp, "base_checks")
+
+
+def test_a_trials_run_given_its_due_keys_covers_only_their_rectangle(
+    exp: ResolvedExperiment,
+) -> None:
+    import dagster as dg
+
+    from hangar_dagster.orchestration.stages import RANGE_END, RANGE_START, partitions
+
+    *_, trials_def = partitions(exp)
+    last = exp.trial_keys()[-1]
+    due = [k for k in exp.trial_keys() if k.task_rep == last.task_rep]
+    tags = stage_tags(exp, "trials", due)
+    covered = trials_def.get_partition_keys_in_range(
+        dg.PartitionKeyRange(tags[RANGE_START], tags[RANGE_END])
+    )
+    assert sorted(covered) == sorted(f"{k.task_rep}|{k.variant}" for k in due)
+    assert tags["hangar/queue"] == "eval"
+    whole = stage_tags(exp, "trials")
+    assert (
+        len(
+            trials_def.get_partition_keys_in_range(
+                dg.PartitionKeyRange(whole[RANGE_START], whole[RANGE_END])
+            )
+        )
+        == len(trials_def.get_partition_keys())
+        > len(covered)
+    )

@@ -84,6 +84,15 @@ def test_runs_the_pending_keys_then_keeps_them(example_dir: Path, hangar_home: P
         assert part.record.outcome_class == "completed"
     stored = {t.trial_key for t in Store(paths()).trials(exp.experiment_id)}
     assert stored == {PLAIN.key, SKILL.key}
+    # Each was graded in its slot as it finished, by this run, with no grades stage run yet.
+    grades = Store(paths()).grades(exp.experiment_id, all_attempts=True)
+    assert sorted((g.trial_key, g.attempt, g.run_id) for g in grades) == [
+        (PLAIN.key, 1, "run-1"),
+        (SKILL.key, 1, "run-1"),
+    ]
+    for g in grades:
+        trial = first[TrialKey.parse(g.trial_key)].record
+        assert trial is not None and g.graded_at >= trial.finished_at
     assert {m for level, m in said.lines if level == "info" and "attempt 1: completed" in m} == {
         f"trial {k.key} attempt 1: completed ({first[k].record.duration_s:.1f}s)"  # type: ignore[union-attr]
         for k in (PLAIN, SKILL)

@@ -1,0 +1,155 @@
+"""A 50,000-trial experiment through the real pipeline: time to the first trial, and overhead per trial.
+
+The experiment is 10 variants x 500 tasks x 10 trials = 50,000 partitions: the bundled example's
+`median` task under 500 task ids (the same repo, base and hidden tests) and its `plain` stand-in
+harness under 10 variant names. Every task's base check is the first task's, run for real and
+stored under each task id (a shortcut labelled as such: base checks are not what this measures).
+Then `hangar experiment resume <id>` (HANGAR_EVAL_WINDOW=always) runs the stages as real Dagster
+runs on a fresh SQLite instance until --trials grades are stored, and is interrupted (SIGINT, as
+a person would). The agent is the scripted stand-in (a labelled stand-in: no model).
+
+It prints
+- the time from the command's start to the first trial's start (goal: within 30 s),
+- the trials runs made and their partition ranges (a run covers a slice of pending work),
+- per-trial orchestration overhead over the finished trials: (wall x parallel - the trials'
+  and grades' own durations) / trials, in slot-seconds, and the same per trial of wall time;
+  the figure at 50,000 is extrapolated from these trials (the per-run costs repeat every
+  slice of RUN_PARTITIONS trials, which the run must cross to be representative: the default
+  --trials is larger than one slice).
+
+    HANGAR_CORPUS=... .venv/bin/python benchmarks/scale.py [--trials 600] [--parallel 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "skills-ab"
+VARIANTS, TASKS, TRIALS = 10, 500, 10
+
+
+def make_spec(work: Path, parallel: int) -> Path:
+    example = work / "example"
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    subprocess.run(
+        [sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")],
+        check=True,
+        capture_output=True,
+    )
+    spec: dict[str, Any] = yaml.safe_load((example / "experiment.yaml").read_text())
+    median = next(t for t in spec["tasks"] if t["id"] == "median")
+    plain = spec["variants"]["plain"]
+    spec.update(
+        name="scale-bench",
+        tasks=[median | {"id": f"median-{i:03d}"} for i in range(TASKS)],
+        variants={f"v{i}": dict(plain) for i in range(VARIANTS)},
+        baseline="v0",
+        trials=TRIALS,
+        parallel=parallel,
+    )
+    path = example / "scale.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def grades_stored(home: Path) -> int:
+    return sum(1 for _ in (home / "parquet" / "grades").rglob("*.parquet"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=600, help="stop after this many grades")
+    ap.add_argument("--parallel", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the HANGAR_HOME")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="hangar-scale-"))
+    home = tmp / "home"
+    env = {**os.environ, "HANGAR_HOME": str(home), "HANGAR_EVAL_WINDOW": "always"}
+    env.pop("DAGSTER_HOME", None)
+    os.environ.update(env)
+    from hangar_dagster.experiment.submit import submit
+    from hangar_dagster.grading.grader import check_base
+    from hangar_dagster.queue.partitions import RUN_PARTITIONS
+    from hangar_dagster.results.store import Store
+    from hangar_dagster.settings import Settings
+
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    settings = Settings.from_env(env)
+    spec = make_spec(tmp, args.parallel)
+    t = time.perf_counter()
+    exp = submit(spec, settings)
+    print(f"submit: {time.perf_counter() - t:.1f} s, {len(exp.trial_keys())} trial keys")
+    store = Store(settings.paths)
+    first, *rest = exp.tasks
+    check = check_base(exp, first, "bench-base-check", settings.paths, settings)
+    assert not check.invalid, check.reason
+    store.put_many([check.model_copy(update={"task": task}) for task in rest] + [check])
+    hangar = Path(sys.executable).with_name("hangar")
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(hangar), "experiment", "resume", exp.experiment_id],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while grades_stored(home) < args.trials and proc.poll() is None:
+        time.sleep(0.5)
+    stopped = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+    if grades_stored(home) < args.trials:
+        print(stderr[-3000:])
+        raise SystemExit("the run ended before --trials grades were stored")
+    trials = sorted(store.trials(exp.experiment_id, all_attempts=True), key=lambda r: r.started_at)
+    grades = sorted(store.grades(exp.experiment_id, all_attempts=True), key=lambda g: g.graded_at)
+    by_key = {(g.trial_key, g.attempt): g for g in grades}
+    done = [t for t in trials if (t.trial_key, t.attempt) in by_key][: args.trials]
+    launched = time.time() - (time.perf_counter() - start)  # the command's start, wall clock
+    first_start = trials[0].started_at.timestamp() - launched
+    end = max(by_key[(t.trial_key, t.attempt)].graded_at.timestamp() for t in done) - launched
+    work = sum(t.duration_s + by_key[(t.trial_key, t.attempt)].duration_s for t in done)
+    n = len(done)
+    window = end - first_start
+    slot_over = (window * args.parallel - work) / n
+    print(
+        f"trial keys: {len(exp.trial_keys())}, parallel {args.parallel}, run slice "
+        f"{RUN_PARTITIONS} partitions; stopped after {stopped - start:.1f} s"
+    )
+    print(f"command start to first trial start: {first_start:.1f} s (goal <= 30 s)")
+    print(
+        f"finished and graded: {n} trials in {window:.1f} s from the first start; "
+        f"own work (trial + grade) {work:.1f} s, mean {work / n:.2f} s"
+    )
+    runs = sorted({t.run_id for t in done})
+    print(f"trials runs used: {len(runs)} ({n / len(runs):.0f} trials each on average)")
+    print(
+        f"overhead per trial: {slot_over * 1000:.0f} ms of a slot "
+        f"({slot_over / args.parallel * 1000:.0f} ms of wall time at parallel {args.parallel}); "
+        f"extrapolated to 50,000 trials: the same per trial (per-run costs repeat each slice)"
+    )
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    if args.keep:
+        print(f"kept: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
