@@ -35,21 +35,17 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "skills-ab"
 VARIANTS, TASKS, TRIALS = 10, 500, 10
 
 
 def make_spec(work: Path, parallel: int) -> Path:
-    example = work / "example"
-    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")],
-        check=True,
-        capture_output=True,
-    )
-    spec: dict[str, Any] = yaml.safe_load((example / "experiment.yaml").read_text())
-    median = next(t for t in spec["tasks"] if t["id"] == "median")
+    """overhead.py's one-task, one-variant copy of the example, widened to 50,000 trial keys."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from overhead import make_spec as one_task_spec
+
+    small = one_task_spec(work, TRIALS)
+    spec: dict[str, Any] = yaml.safe_load(small.read_text())
+    [median] = spec["tasks"]
     plain = spec["variants"]["plain"]
     spec.update(
         name="scale-bench",
@@ -59,7 +55,7 @@ def make_spec(work: Path, parallel: int) -> Path:
         trials=TRIALS,
         parallel=parallel,
     )
-    path = example / "scale.yaml"
+    path = small.with_name("scale.yaml")
     path.write_text(yaml.safe_dump(spec))
     return path
 
