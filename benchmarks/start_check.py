@@ -47,7 +47,7 @@ from hangar_dagster.settings import HangarPaths, Settings, StoreConfig  # noqa: 
 
 EXP = "exp-bench"
 VARIANTS = 4
-NOW = f.T0 + dt.timedelta(days=1)
+NOW = f.T0 + dt.timedelta(days=30)  # after every loaded attempt (one a second)
 
 
 def _trace() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from hangar_dagster.results.tally import (
     TallySQL,
     trial_row,
 )
+from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.settings import HangarPaths
 
 log = logging.getLogger(__name__)
@@ -487,7 +488,7 @@ class LakeStore(Store):
     def rebuild_tally(self) -> None:
         with self._pg_tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
-            for name in ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta"):
+            for name in TALLY_TABLES:
                 cur.execute(f"DELETE FROM {name}")
             self._build_tally(cur)
 

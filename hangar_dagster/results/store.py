@@ -47,6 +47,7 @@ from hangar_dagster.results.records import (
     TrialRecord,
 )
 from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.results.tally import (
     TRIAL_COLUMNS,
     Attempt,
@@ -796,7 +797,7 @@ class EmbeddedStore(Store):
     def rebuild_tally(self) -> None:
         con = _sqlite(self.paths.tally)
         with _write(con) as cur:
-            for name in ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta"):
+            for name in TALLY_TABLES:
                 cur.execute(f"DELETE FROM {name}")
         self._build_tally(con)
 

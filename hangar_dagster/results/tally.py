@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 # Bump when the tables or what a row holds change: a tally of another version is rebuilt.
-VERSION = "1"
+VERSION = "2"
 
 # queue/retries.py's CAP_EXEMPT, repeated here so this module needs nothing from queue/ (a test
 # checks the two agree).
@@ -71,8 +71,18 @@ DDL: tuple[str, ...] = (
   experiment_id TEXT PRIMARY KEY,
   author TEXT NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS tally_meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+    # per experiment: retries started that count toward the cap (kept, not counted per check)
+    """CREATE TABLE IF NOT EXISTS tally_retries_counted (
+  experiment_id TEXT PRIMARY KEY,
+  n BIGINT NOT NULL)""",
 )
-TABLES = ("tally_attempts", "tally_spend", "tally_experiments", "tally_meta")
+TABLES = (
+    "tally_attempts",
+    "tally_spend",
+    "tally_experiments",
+    "tally_meta",
+    "tally_retries_counted",
+)
 
 # The trial columns a tally row is made from (what a rebuild selects from the store).
 TRIAL_COLUMNS = (
@@ -203,6 +213,7 @@ class TallySQL:
             if cur.rowcount != 1:
                 continue  # already counted
             added += 1
+            self._count_retry(cur, r)
             cur.execute(
                 self.q(
                     "INSERT INTO tally_spend (month, experiment_id, attempts, cost_usd) "
@@ -213,6 +224,40 @@ class TallySQL:
                 [r[9], r[0], r[7]],
             )
         return added
+
+    def _exempt(self, cur: Cursor, experiment_id: str, key: str, attempt: int) -> bool | None:
+        """Whether that attempt is a cap-exempt infra error; None when it is not stored."""
+        cur.execute(
+            self.q(
+                "SELECT outcome_class, infra_reason FROM tally_attempts "
+                "WHERE experiment_id = ? AND trial_key = ? AND attempt = ?"
+            ),
+            [experiment_id, key, attempt],
+        )
+        got = cur.fetchone()
+        if got is None:
+            return None
+        return bool(got[0] == "infra_error" and got[1] in CAP_EXEMPT_REASONS)
+
+    def _count_retry(self, cur: Cursor, r: tuple[Any, ...]) -> None:
+        """queue/retries.py's count, kept: attempt n > 1 counts unless n - 1 is cap-exempt."""
+        eid, key, n = r[0], r[1], r[2]
+        delta = 1 if n > 1 and not self._exempt(cur, eid, key, n - 1) else 0
+        if (
+            r[4] == "infra_error"
+            and r[5] in CAP_EXEMPT_REASONS
+            and self._exempt(cur, eid, key, n + 1) is not None
+        ):
+            delta -= 1  # its successor, stored first, was counted as replacing nothing exempt
+        if delta:
+            cur.execute(
+                self.q(
+                    "INSERT INTO tally_retries_counted (experiment_id, n) VALUES (?, ?) "
+                    "ON CONFLICT (experiment_id) DO UPDATE SET "
+                    "n = tally_retries_counted.n + excluded.n"
+                ),
+                [eid, delta],
+            )
 
     def apply_experiments(self, cur: Cursor, authors: Iterable[tuple[str, str]]) -> None:
         """Remember experiments' authors (immutable): the spend is summed per author from them."""
@@ -243,6 +288,16 @@ class TallySQL:
             "INSERT INTO tally_spend (month, experiment_id, attempts, cost_usd) "
             "SELECT month, experiment_id, count(*), sum(cost_usd) FROM tally_attempts "
             "GROUP BY month, experiment_id"
+        )
+        exempt = ", ".join(f"'{r}'" for r in CAP_EXEMPT_REASONS)
+        cur.execute("DELETE FROM tally_retries_counted")
+        cur.execute(
+            "INSERT INTO tally_retries_counted (experiment_id, n) "
+            "SELECT n.experiment_id, count(*) FROM tally_attempts n WHERE n.attempt > 1 "
+            "AND NOT EXISTS (SELECT 1 FROM tally_attempts p WHERE p.experiment_id = "
+            "n.experiment_id AND p.trial_key = n.trial_key AND p.attempt = n.attempt - 1 "
+            f"AND p.outcome_class = 'infra_error' AND p.infra_reason IN ({exempt})) "
+            "GROUP BY n.experiment_id"
         )
         cur.execute("DELETE FROM tally_meta WHERE k = 'version'")
         cur.execute(self.q("INSERT INTO tally_meta (k, v) VALUES ('version', ?)"), [VERSION])
@@ -297,21 +352,11 @@ class TallySQL:
             [experiment_id],
         )
         latest = self._attempts(cur.fetchall())
-        exempt = ", ".join(f"'{r}'" for r in CAP_EXEMPT_REASONS)
-        # queue/retries.py's count: every attempt after the first, but those replacing a
-        # drained, restarted or interrupted one
         cur.execute(
-            self.q(
-                "SELECT (SELECT count(*) FROM tally_attempts WHERE experiment_id = ? "
-                "AND attempt > 1) - (SELECT count(*) FROM tally_attempts i "
-                "WHERE i.experiment_id = ? AND i.outcome_class = 'infra_error' "
-                f"AND i.infra_reason IN ({exempt}) AND EXISTS (SELECT 1 FROM tally_attempts n "
-                "WHERE n.experiment_id = i.experiment_id AND n.trial_key = i.trial_key "
-                "AND n.attempt = i.attempt + 1))"
-            ),
-            [experiment_id, experiment_id],
+            self.q("SELECT n FROM tally_retries_counted WHERE experiment_id = ?"), [experiment_id]
         )
-        return StartState(after, latest, int(cur.fetchone()[0]))
+        got = cur.fetchone()
+        return StartState(after, latest, int(got[0]) if got else 0)
 
     def attempts(self, cur: Cursor, experiment_id: str) -> list[Attempt]:
         """Every attempt of the experiment, narrow (a run's plan; not the start check)."""
