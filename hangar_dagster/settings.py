@@ -47,6 +47,11 @@ STORE_CATALOG_VAR = "HANGAR_STORE_CATALOG"
 STORE_DATA_VAR = "HANGAR_STORE_DATA"
 SANDBOX_RUNTIME_VAR = "HANGAR_SANDBOX_RUNTIME"
 SANDBOX_IMAGE_VAR = "HANGAR_SANDBOX_IMAGE"
+# The Kubernetes sandbox (environment.sandbox: k8s; docs/operations.md, "Kubernetes").
+K8S_NAMESPACE_VAR = "HANGAR_K8S_NAMESPACE"
+K8S_SHARED_CLAIM_VAR = "HANGAR_K8S_SHARED_CLAIM"
+K8S_SHARED_PATH_VAR = "HANGAR_K8S_SHARED_PATH"
+K8S_POD_NAME_VAR = "HANGAR_K8S_POD_NAME"
 # Not hangar's: where this process's temporary (and the Docker sandbox's control) dirs go.
 TMPDIR_VAR = "TMPDIR"
 SANDBOX_RUNTIMES = ("host", "image")
@@ -180,6 +185,10 @@ class Settings:
     sandbox_runtime_mode: str = ""
     sandbox_image: str | None = None
     tmpdir: str | None = None
+    k8s_namespace: str = ""
+    k8s_shared_claim: str = ""
+    k8s_shared_path: str = ""
+    k8s_pod_name: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -215,6 +224,10 @@ class Settings:
             sandbox_runtime_mode=_text(env, SANDBOX_RUNTIME_VAR),
             sandbox_image=_text(env, SANDBOX_IMAGE_VAR) or None,
             tmpdir=_text(env, TMPDIR_VAR) or None,
+            k8s_namespace=_text(env, K8S_NAMESPACE_VAR),
+            k8s_shared_claim=_text(env, K8S_SHARED_CLAIM_VAR),
+            k8s_shared_path=_text(env, K8S_SHARED_PATH_VAR),
+            k8s_pod_name=_text(env, K8S_POD_NAME_VAR),
         )
 
     @property
@@ -229,7 +242,7 @@ class Settings:
     @property
     def sandbox_runtime(self) -> SandboxRuntime:
         """What container sandboxes bind of hangar's runtime; ValueError naming a bad value."""
-        from hangar_dagster.trials.sandbox import SandboxRuntime
+        from hangar_dagster.trials.sandbox import K8sPlacement, SandboxRuntime
 
         mode = self.sandbox_runtime_mode or "host"
         if mode not in SANDBOX_RUNTIMES:
@@ -238,10 +251,16 @@ class Settings:
                 "and hangar into each sandbox) or 'image' (the sandbox image carries them: "
                 "hangar runs in the project image, deploy/docker)"
             )
+        k8s = K8sPlacement(
+            namespace=self.k8s_namespace,
+            shared_claim=self.k8s_shared_claim,
+            shared_path=Path(self.k8s_shared_path) if self.k8s_shared_path else None,
+            pod_name=self.k8s_pod_name,
+        )
         if mode == "host":
-            return SandboxRuntime(image=self.sandbox_image)
+            return SandboxRuntime(image=self.sandbox_image, k8s=k8s)
         shared = (self.home, *((Path(self.tmpdir).resolve(),) if self.tmpdir else ()))
-        return SandboxRuntime(in_image=True, image=self.sandbox_image, shared=shared)
+        return SandboxRuntime(in_image=True, image=self.sandbox_image, shared=shared, k8s=k8s)
 
     # The queue's modules own their values' rules and error messages; they import this module
     # (the store does too), so they are imported here when a value is asked for.

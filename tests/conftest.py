@@ -159,6 +159,18 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
+def one_task_spec(example_dir: Path, name: str, **environment: object) -> Path:
+    """The example with one task and one trial per variant (two trials, two grades), its
+    ``environment`` keys set (sandbox, image), written as ``name`` beside it."""
+    data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    data["environment"].update(environment)
+    data["tasks"] = data["tasks"][:1]
+    data["trials"] = 1
+    spec = example_dir / name
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
 def cli_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     env["HANGAR_HOME"] = str(home)

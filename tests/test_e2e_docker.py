@@ -7,27 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hangar_dagster.experiment.spec import SpecError
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, client
-from tests.conftest import hangar
+from tests.conftest import hangar, one_task_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_sandbox("docker")]
 
 
 def docker_spec(example_dir: Path, image: str, name: str) -> Path:
-    data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
-    data["environment"]["sandbox"] = "docker"
-    data["environment"]["image"] = image
-    data["tasks"] = data["tasks"][:1]  # one task, one trial per variant: two trials, two grades
-    data["trials"] = 1
-    spec = example_dir / name
-    spec.write_text(yaml.safe_dump(data))
-    return spec
+    return one_task_spec(example_dir, name, sandbox="docker", image=image)
 
 
 def test_an_experiment_runs_and_grades_on_docker_and_leaves_no_container(

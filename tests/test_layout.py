@@ -88,3 +88,21 @@ def test_the_tests_mirror_the_rooms() -> None:
         if sub.is_dir() and any(sub.glob("test_*.py")):
             room = PACKAGE / sub.relative_to(tests)
             assert room.is_dir(), f"{sub} has no package folder {room} to mirror"
+
+
+def test_every_data_file_of_the_package_is_installed_with_it() -> None:
+    # The bug: package-data listed "*.json", which setuptools globs in the package's own
+    # directory only, so the wheel (the project image, deploy/docker) had no
+    # experiment/model_lists.json and no orchestration/dagster.yaml: submit failed there.
+    import glob
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["hangar_dagster"]
+    shipped = {p for pattern in patterns for p in glob.glob(pattern, root_dir=PACKAGE)}
+    data = {
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    }
+    assert data - shipped == set()

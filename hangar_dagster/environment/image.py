@@ -189,6 +189,11 @@ _ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _REPO_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
+def is_digest(ref: str | None) -> bool:
+    """Whether ``ref`` names an image by content: ``repo@sha256:...`` or an id ``sha256:...``."""
+    return ref is not None and bool(_REPO_DIGEST.match(ref) or _ID.match(ref))
+
+
 def pin_image(ref: str | None, client: Any | None = None) -> str:
     """What ``environment.image`` is pinned to at submit: a digest, never a tag.
 

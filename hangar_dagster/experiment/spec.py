@@ -126,13 +126,16 @@ class Resources(_Strict):
 
 
 class Environment(_Strict):
-    sandbox: Literal["bwrap", "unshare", "docker"] = Field(
-        "bwrap", description="Sandbox backend a trial runs in (see docs/architecture.md)."
+    sandbox: Literal["bwrap", "unshare", "docker", "k8s"] = Field(
+        "bwrap",
+        description="Sandbox backend a trial runs in (see docs/architecture.md); k8s: a pod "
+        "per sandbox run through the Kubernetes API (docs/operations.md, Kubernetes).",
     )
     image: str | None = Field(
         None,
-        description="Container image by digest (Docker): repo@sha256:... or a local image id "
-        "sha256:... (`hangar image build` prints one); a tag is refused at submit.",
+        description="Container image by digest (Docker, Kubernetes): repo@sha256:... or a "
+        "local image id sha256:... (`hangar image build` prints one); a tag is refused at "
+        "submit. For k8s the project image hangar runs in, as the cluster's nodes pull it.",
     )
     build: list[str] = Field(
         default_factory=list,

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hangar_dagster.environment.image import ImageRefError, pin_image
+from hangar_dagster.environment.image import ImageRefError, is_digest, pin_image
 from hangar_dagster.experiment.harness import (
     CLI_PINS,
     CliPins,
@@ -153,7 +153,21 @@ def _harness_registry(spec: ExperimentSpec, spec_dir: Path, settings: Settings) 
 def _pinned_environment(
     environment: Environment, where: str, problems: list[Problem]
 ) -> Environment:
-    """``environment`` with its image pinned to a digest (Docker); a tag is a problem."""
+    """``environment`` with its image pinned to a digest (Docker, Kubernetes); a tag is a
+    problem."""
+    if environment.sandbox == "k8s":
+        # The cluster pulls it; no engine here to look a tag up in: a digest as written.
+        if not is_digest(environment.image):
+            problems.append(
+                Problem(
+                    path=f"{where}.image",
+                    message=f"environment.sandbox k8s needs environment.image by digest, "
+                    f"not {environment.image!r}: a tag can move between trials",
+                    fix="push the project image (deploy/docker) and pin it as repo@sha256:... "
+                    "(docs/operations.md, Kubernetes)",
+                )
+            )
+        return environment
     if environment.sandbox != "docker":
         return environment
     try:

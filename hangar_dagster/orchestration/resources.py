@@ -51,6 +51,11 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     sandbox_runtime_mode: str = ""
     sandbox_image: str | None = None
     tmpdir: str | None = None
+    # The Kubernetes sandbox's placement (docs/operations.md, "Kubernetes").
+    k8s_namespace: str = ""
+    k8s_shared_claim: str = ""
+    k8s_shared_path: str = ""
+    k8s_pod_name: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HangarResource:
@@ -78,6 +83,10 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             sandbox_runtime_mode=settings.sandbox_runtime_mode,
             sandbox_image=settings.sandbox_image,
             tmpdir=settings.tmpdir,
+            k8s_namespace=settings.k8s_namespace,
+            k8s_shared_claim=settings.k8s_shared_claim,
+            k8s_shared_path=settings.k8s_shared_path,
+            k8s_pod_name=settings.k8s_pod_name,
         )
 
     def settings(self) -> Settings:
@@ -107,6 +116,10 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             sandbox_runtime_mode=self.sandbox_runtime_mode,
             sandbox_image=self.sandbox_image,
             tmpdir=self.tmpdir,
+            k8s_namespace=self.k8s_namespace,
+            k8s_shared_claim=self.k8s_shared_claim,
+            k8s_shared_path=self.k8s_shared_path,
+            k8s_pod_name=self.k8s_pod_name,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

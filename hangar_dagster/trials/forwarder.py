@@ -36,7 +36,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
-def _relay(client: socket.socket, socket_path: str) -> None:
+def relay(client: socket.socket, socket_path: str) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(socket_path)
@@ -58,7 +58,7 @@ def _serve(listener: socket.socket, socket_path: str) -> None:
             client, _ = listener.accept()
         except OSError:
             return
-        threading.Thread(target=_relay, args=(client, socket_path), daemon=True).start()
+        threading.Thread(target=relay, args=(client, socket_path), daemon=True).start()
 
 
 def _listen(port: int) -> socket.socket | str:

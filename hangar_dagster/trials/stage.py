@@ -53,21 +53,28 @@ def _started(record: TrialRecord) -> str:
     )
 
 
-def _remove_leftover_containers(exp: ResolvedExperiment, log: Log) -> None:
-    """On Docker: remove the containers a crashed run left (their owner process is gone)."""
+def _remove_leftover_containers(exp: ResolvedExperiment, log: Log, settings: Settings) -> None:
+    """On Docker and Kubernetes: remove the containers (pods) a crashed run left (their owner
+    process is gone)."""
     backends = {v.environment.sandbox for v in exp.variants.values()}
-    if "docker" not in backends | {exp.spec.environment.sandbox}:
-        return
+    backends |= {exp.spec.environment.sandbox}
     from hangar_dagster.trials.sandbox import SandboxUnavailable
-    from hangar_dagster.trials.sandbox.docker import cleanup_leftovers
 
-    try:
-        removed = cleanup_leftovers()
-    except SandboxUnavailable as err:
-        log.warning(f"could not look for leftover containers: {err}")
-        return
-    if removed:
-        log.info(f"removed {removed} container(s) a crashed run left behind")
+    for backend in sorted(backends & {"docker", "k8s"}):
+        try:
+            if backend == "docker":
+                from hangar_dagster.trials.sandbox.docker import cleanup_leftovers
+
+                removed = cleanup_leftovers()
+            else:
+                from hangar_dagster.trials.sandbox import k8s
+
+                removed = k8s.cleanup_leftovers(settings.sandbox_runtime.k8s)
+        except SandboxUnavailable as err:
+            log.warning(f"could not look for leftover {backend} sandboxes: {err}")
+            continue
+        if removed:
+            log.info(f"removed {removed} {backend} sandbox(es) a crashed run left behind")
 
 
 def run_trials(
@@ -88,7 +95,7 @@ def run_trials(
     paths, window = settings.paths, settings.window
     for cut in close_interrupted(exp, store, settings, run_id, in_flight):
         log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
-    _remove_leftover_containers(exp, log)
+    _remove_leftover_containers(exp, log, settings)
     work = pending(exp, store, settings)
     for note in record_queue_notes(exp, store, settings):
         log.warning(note.message)

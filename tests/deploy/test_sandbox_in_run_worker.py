@@ -17,14 +17,12 @@ from typing import Any
 import pytest
 
 from hangar_dagster.environment.project_image import build_project_image
-from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, _owner, client
+from hangar_dagster.trials.sandbox.docker import client
 from tests.agent_clis import cache_dir
+from tests.deploy.conftest import REPO, TAG, run_in_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("docker")]
 
-REPO = Path(__file__).resolve().parents[2]
-TAG = "hangar-dagster:test"  # not the operator's hangar-dagster:local
-SOCKET = "/var/run/docker.sock"
 
 # Runs in the run worker: hangar's own Docker backend, set up from the run worker's settings.
 SNIPPET = r"""
@@ -50,33 +48,17 @@ except SandboxUnavailable as err:
 """
 
 
-@pytest.fixture(scope="module")
-def project_image(docker_base_image: str) -> str:
-    built = build_project_image(
-        client(), source=REPO, wheels_cache=cache_dir() / "project-wheels", tag=TAG
-    )
-    return built.image_id
-
-
 def run_worker(image: str, shared: Path, **env: str) -> dict[str, Any]:
     """Run SNIPPET in a container started as DockerRunLauncher starts a run worker."""
     shared_env = {"HANGAR_HOME": str(shared / "home"), "TMPDIR": str(shared / "tmp")}
     (shared / "tmp").mkdir(parents=True, exist_ok=True)
-    c = client().containers.create(
+    status, logs = run_in_worker(
         image,
-        command=["python", "-c", SNIPPET],
-        environment={**shared_env, "HANGAR_SANDBOX_IMAGE": image, **env},
-        volumes={SOCKET: {"bind": SOCKET, "mode": "rw"}, str(shared): {"bind": str(shared)}},
-        # Found and removed by cleanup_leftovers if this test process dies mid-run.
-        labels={MANAGED_LABEL: "1", OWNER_LABEL: _owner()},
+        shared,
+        ["python", "-c", SNIPPET],
+        {**shared_env, "HANGAR_SANDBOX_IMAGE": image, **env},
     )
-    try:
-        c.start()
-        status = c.wait(timeout=180)
-        logs = c.logs(stdout=True, stderr=True).decode()
-    finally:
-        c.remove(force=True)
-    assert status["StatusCode"] == 0, logs
+    assert status == 0, logs
     return dict(json.loads(logs.strip().splitlines()[-1]))
 
 

@@ -115,6 +115,25 @@ def test_every_egress_mode_is_accepted_and_pinned(
     assert len({frozenset(p) for p in pin_sets.values()}) == 3  # each policy: its own pin sets
 
 
+@pytest.mark.parametrize("image", [None, "registry.example.com/hangar-dagster:0.1.0"])
+def test_a_k8s_environment_needs_its_image_by_digest(
+    example_dir: Path, hangar_home: Path, tmp_path: Path, image: str | None
+) -> None:
+    edit: dict[str, object] = {"environment.sandbox": "k8s"}
+    if image is not None:
+        edit["environment.image"] = image
+    with pytest.raises(SpecError) as info:
+        submit(edited_spec(example_dir, tmp_path, edit), Settings.from_env())
+    (problem,) = [p for p in info.value.problems if p.path == "environment.image"]
+    assert "by digest" in problem.message and "repo@sha256" in problem.fix
+    assert not hangar_home.exists()
+    pinned = "registry.example.com/hangar-dagster@sha256:" + "c" * 64
+    edit["environment.image"] = pinned
+    exp = submit(edited_spec(example_dir, tmp_path / "pinned", edit), Settings.from_env())
+    assert {v.environment.image for v in exp.variants.values()} == {pinned}
+    assert {v.environment.sandbox for v in exp.variants.values()} == {"k8s"}
+
+
 def test_a_lock_edited_after_freezing_is_refused(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:

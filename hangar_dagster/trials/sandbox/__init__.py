@@ -80,6 +80,23 @@ class SandboxRequest:
 
 
 @dataclass(frozen=True)
+class K8sPlacement:
+    """Where the Kubernetes backend puts its pods, and how they see hangar's files.
+
+    ``shared_claim``: the ReadWriteMany PersistentVolumeClaim that holds ``HANGAR_HOME`` and
+    ``TMPDIR``, mounted in hangar's own pod at ``shared_path``; every path a sandbox sees is a
+    ``subPath`` of it. ``namespace``: the pods' (empty: the service account's namespace, else
+    ``default``). ``pod_name``: hangar's own pod (empty: the hostname, which is the pod's name
+    in Kubernetes), whose labels and IP the bridged sockets use (docs/operations.md).
+    """
+
+    namespace: str = ""
+    shared_claim: str = ""
+    shared_path: Path | None = None
+    pod_name: str = ""
+
+
+@dataclass(frozen=True)
 class SandboxRuntime:
     """Where a container sandbox gets the Python runtime and hangar's package.
 
@@ -96,6 +113,7 @@ class SandboxRuntime:
     in_image: bool = False
     image: str | None = None
     shared: tuple[Path, ...] = ()
+    k8s: K8sPlacement = field(default_factory=K8sPlacement)
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,7 @@ _BACKENDS = {
     "bwrap": "hangar_dagster.trials.sandbox.bwrap:BwrapSandbox",
     "unshare": "hangar_dagster.trials.sandbox.unshare:UnshareSandbox",
     "docker": "hangar_dagster.trials.sandbox.docker:DockerSandbox",
+    "k8s": "hangar_dagster.trials.sandbox.k8s:K8sSandbox",
 }
 
 

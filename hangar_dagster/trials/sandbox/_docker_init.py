@@ -1,9 +1,11 @@
-"""The Docker backend's in-container wrapper: pid 1 of every hangar container.
+"""The container backends' wrapper: pid 1 of every hangar container (Docker) and pod (Kubernetes).
 
 Run as ``python -I -S -c <this file's text> <setup.json>`` (standard library
-only: nothing of site-packages or the environment loads). It starts as root
+only: nothing of site-packages or the environment loads). Under Docker it starts as root
 inside the container with only CAP_SETUID, CAP_SETGID, CAP_SETPCAP, CAP_CHOWN
-and CAP_KILL, and:
+and CAP_KILL; under Kubernetes it starts as the command's own unprivileged uid with no
+capability at all (the pod's securityContext switched it), and the uid switch below is
+skipped. It:
 
 1. reads the setup (argv, env, workdir, uid/gid, limits, the fds to pass) from
    the control directory, a 0700 root-owned host directory mounted at
@@ -15,6 +17,9 @@ and CAP_KILL, and:
    the uid/gid switched and the remaining capability sets zeroed (no_new_privs
    is already set by Docker's ``no-new-privileges``), under RLIMIT_AS (and
    RLIMIT_NPROC/RLIMIT_FSIZE for a uid split);
+   Before that, each ``bridges`` entry (Kubernetes) becomes a unix socket the command can
+   connect to, every connection relayed to a TCP address (the run worker's side of a proxy
+   socket the request mounts: pods on other nodes cannot share a unix socket);
 4. copies what arrives on the pipes into files in the control directory (the
    host backend tails them into the host's pipes and output), stdout and
    stderr cut at their limit and the rest read and dropped;
@@ -31,6 +36,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 
@@ -67,9 +73,10 @@ def drop_to(uid: int, gid: int, libc: ctypes.CDLL) -> None:
     cap = 0
     while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
+    if os.geteuid() == 0 or os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
     # Leaving uid 0 empties the permitted and effective sets; zero the inheritable one too.
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
@@ -114,6 +121,54 @@ def child(setup: dict, fds: dict[int, int], libc: ctypes.CDLL) -> None:  # type:
         os._exit(127)
 
 
+# The relay is trials/forwarder.py's, the other way round (unix socket in, TCP out): both run
+# as standalone standard-library scripts inside sandboxes, so neither can import the other.
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _relay(client: socket.socket, host: str, port: int) -> None:
+    try:
+        upstream = socket.create_connection((host, port), timeout=30)
+    except OSError:
+        client.close()
+        return
+    upstream.settimeout(None)
+    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    back.start()
+    _pump(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def bridge(path: str, host: str, port: int) -> None:
+    """Listen on the unix socket ``path``; relay each connection to ``host:port``."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o666)
+    listener.listen(64)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_relay, args=(client, host, port), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
 def fcntl_dup(fd: int, low: int) -> int:
     import fcntl
 
@@ -141,9 +196,15 @@ def main() -> None:
     for number, uid, gid, mode in setup["pass_fds"]:
         r, w = os.pipe()
         os.fchmod(w, mode)  # while still its owner: no CAP_FOWNER needed
-        os.fchown(w, uid, gid)
+        if (os.fstat(w).st_uid, os.fstat(w).st_gid) != (uid, gid):
+            os.fchown(w, uid, gid)
         copies.append(Copy(r, os.path.join(control, f"fd-{number}"), FD_CAP))
         fds[number] = w
+    for path, host, port in setup.get("bridges") or []:
+        try:
+            bridge(path, host, port)
+        except OSError as e:
+            fail(f"cannot listen on {path}: {e}")
     # Past the host's limit (host gone, say) the container ends itself.
     signal.signal(signal.SIGALRM, lambda *_: os._exit(124))
     signal.alarm(int(setup["deadline_s"]))

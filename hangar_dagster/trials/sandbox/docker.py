@@ -45,16 +45,13 @@ these containers, which see only what they mount.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,25 +63,29 @@ from hangar_dagster.trials.sandbox import (
     SandboxUnavailable,
 )
 from hangar_dagster.trials.sandbox._common import check_request, runtime_dirs, sandbox_mounts
+from hangar_dagster.trials.sandbox._container import (
+    CONTROL,
+    DEFAULT_UID,
+    INIT_SOURCE,
+    MEMORY_HEADROOM_MB,
+    SELF_DEADLINE_S,
+    command_user,
+    hand_back,
+    hand_to_command,
+    stop_tails,
+    tails,
+    write_setup,
+)
 
 MANAGED_LABEL = "hangar.managed"
 OWNER_LABEL = "hangar.owner"
 # On an image that carries hangar's runtime (deploy/docker/Dockerfile): its sys.prefix.
 RUNTIME_LABEL = "hangar.runtime"
 BASE_IMAGE = "hangar-base:bookworm"  # environment/image.py makes it
-CONTROL = "/run/hangar"  # the control directory inside the container
-# The unprivileged uid a command without run_as runs as when hangar is root: outside the
-# grader's range (grading/grader.py) and any account's.
-DEFAULT_UID = 1_400_000_000
 # What the wrapper needs to switch user and clean up; it drops them all before exec.
 _WRAPPER_CAPS = ["SETUID", "SETGID", "SETPCAP", "CHOWN", "KILL"]
-# cgroup memory above the command's RLIMIT_AS, for the wrapper and the page cache.
-_MEMORY_HEADROOM_MB = 128
 _PIDS_LIMIT = 1024
-# The wrapper ends the container itself this long after the time limit (host gone).
-_SELF_DEADLINE_S = 60
-_INIT_SOURCE = (Path(__file__).with_name("_docker_init.py")).read_text()
-_ACL_XATTR = "system.posix_acl_access"
+__all__ = ["CONTROL", "DEFAULT_UID"]  # where they live now (_container); kept importable here
 
 
 @functools.cache
@@ -202,123 +203,6 @@ def cleanup_leftovers() -> int:
     return removed
 
 
-# --- handing the workdir to the unprivileged uid --------------------------------------------
-
-
-def _walk(root: Path) -> Iterator[str]:
-    yield str(root)
-    if root.is_dir() and not root.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in [*dirnames, *filenames]:
-                yield os.path.join(dirpath, name)
-
-
-def _hand_over(roots: list[Path], uid: int) -> list[tuple[Path, int, int]]:
-    owners = []
-    for root in roots:
-        st = root.lstat()
-        owners.append((root, st.st_uid, st.st_gid))
-        for path in _walk(root):
-            os.lchown(path, uid, uid)
-    return owners
-
-
-def _hand_back(owners: list[tuple[Path, int, int]], uid: int) -> None:
-    for root, owner_uid, owner_gid in owners:
-        for path in _walk(root):
-            try:
-                if os.lstat(path).st_uid == uid:
-                    os.lchown(path, owner_uid, owner_gid)
-            except FileNotFoundError:
-                pass
-
-
-def _acl_blob(mode: int, uid: int, perm: int) -> bytes:
-    """A POSIX access ACL (the kernel's xattr format) of ``mode`` plus user ``uid``: ``perm``."""
-    import struct
-
-    none = 0xFFFFFFFF
-    entries = [
-        (0x01, (mode >> 6) & 7, none),  # owner
-        (0x02, perm, uid),  # the named user
-        (0x04, (mode >> 3) & 7, none),  # owning group
-        (0x10, perm | ((mode >> 3) & 7), none),  # mask
-        (0x20, mode & 7, none),  # others
-    ]
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def _grant_read(root: Path, uid: int) -> None:
-    """Let ``uid`` read (and traverse; connect to a socket) what others may not under ``root``."""
-    for path in _walk(root):
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid == uid:
-            continue
-        need = 5 if stat.S_ISDIR(st.st_mode) else (6 if stat.S_ISSOCK(st.st_mode) else 4)
-        if st.st_mode & need == need:
-            continue
-        perm = need | (st.st_mode >> 6 & 1 if not stat.S_ISDIR(st.st_mode) else 0)
-        try:
-            os.setxattr(path, _ACL_XATTR, _acl_blob(st.st_mode, uid, perm), follow_symlinks=False)
-        except OSError as err:
-            raise SandboxUnavailable(
-                f"mount source {path}: cannot give the container's uid {uid} read access "
-                f"({err.strerror}); make it readable by others, or use a filesystem with ACLs"
-            ) from None
-
-
-# --- the run -------------------------------------------------------------------------------
-
-
-class _Tail(threading.Thread):
-    """Follow a file the wrapper appends to, passing each chunk to ``sink`` until stopped."""
-
-    def __init__(self, path: Path, sink: Callable[[bytes], None]) -> None:
-        super().__init__(daemon=True)
-        self.path, self.sink = path, sink
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        with self.path.open("rb") as f:
-            pause = 0.002
-            while True:
-                stopping = self.stop.is_set()
-                chunk = f.read(65536)
-                if chunk:
-                    self.sink(chunk)
-                    pause = 0.002
-                    continue
-                if stopping:
-                    return
-                time.sleep(pause)
-                pause = min(pause * 2, 0.02)
-
-
-class _Kept:
-    def __init__(self, limit: int, also: Callable[[bytes], None] | None = None) -> None:
-        self.limit, self.also = limit, also
-        self.data = bytearray()
-
-    def __call__(self, chunk: bytes) -> None:
-        if self.also is not None:
-            self.also(chunk)
-        room = self.limit - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-
-
-def _write_all(fd: int) -> Callable[[bytes], None]:
-    def sink(chunk: bytes) -> None:
-        view = memoryview(chunk)
-        while view:
-            try:
-                view = view[os.write(fd, view) :]
-            except BrokenPipeError:
-                return  # the reader went away: what is left has nowhere to go
-
-    return sink
-
-
 # exec: as under the namespace backends (a script in /tmp runs).
 _TMPFS = {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}
 
@@ -336,60 +220,16 @@ class DockerSandbox(Sandbox):
         image_id, _ = _resolve(ref)
         check_runtime_image(ref, self.runtime)
         check_shared([request.workdir, *(m.source for m in request.mounts)], self.runtime)
-        if request.run_as is not None:
-            uid, gid = request.run_as.uid, request.run_as.gid
-        elif os.geteuid() == 0:
-            uid = gid = DEFAULT_UID
-        else:
-            uid, gid = os.geteuid(), os.getegid()
-        owners: list[tuple[Path, int, int]] = []
-        if request.run_as is None and os.geteuid() == 0:
-            writable = [request.workdir, *(m.source for m in request.mounts if m.writable)]
-            owners = _hand_over(writable, uid)
-            for m in request.mounts:
-                if not m.writable:
-                    _grant_read(m.source, uid)
+        uid, gid = command_user(request)
+        owners = hand_to_command(request, uid)
         # Under TMPDIR: with the runtime in the image, TMPDIR is on the shared mount.
         control = Path(tempfile.mkdtemp(prefix="hangar-docker-"))
         try:
             check_shared([control], self.runtime)
             return self._run(api, image_id, request, uid, gid, control)
         finally:
-            _hand_back(owners, uid)
+            hand_back(owners, uid)
             shutil.rmtree(control, ignore_errors=True)
-
-    def _setup(self, request: SandboxRequest, uid: int, gid: int, control: Path) -> None:
-        stdin = None
-        if request.stdin is not None:
-            (control / "stdin").write_bytes(request.stdin)
-            stdin = f"{CONTROL}/stdin"
-        fds = []
-        for n in request.pass_fds:
-            st = os.fstat(n)
-            # Under a uid split the pipe is owned as the caller made it; else it is the
-            # command's, as the caller's own descriptor is its own under the other backends.
-            owner = (st.st_uid, st.st_gid) if request.run_as is not None else (uid, gid)
-            fds.append([n, *owner, stat.S_IMODE(st.st_mode)])
-        for name in ("out", "err", *(f"fd-{n}" for n in request.pass_fds)):
-            (control / name).touch(mode=0o600)
-        run_as = request.run_as
-        setup = {
-            "argv": request.argv,
-            "env": {**request.env, "PWD": str(request.workdir)},
-            "workdir": str(request.workdir),
-            "uid": uid,
-            "gid": gid,
-            "memory_bytes": request.memory_mb * 1024 * 1024,
-            "nproc": run_as.max_processes if run_as else None,
-            "fsize": run_as.max_file_mb * 1024 * 1024 if run_as else None,
-            "pass_fds": fds,
-            "stdin": stdin,
-            "output_limit": max(request.output_limit, 16 * 1024 * 1024),
-            "deadline_s": max(1, int(request.timeout_s) + _SELF_DEADLINE_S),
-        }
-        fd = os.open(control / "setup.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(setup, f)
 
     def _create(self, api: Any, image_id: str, request: SandboxRequest, control: Path) -> str:
         from docker.types import LogConfig, Mount
@@ -403,7 +243,7 @@ class DockerSandbox(Sandbox):
         # In the image the login profile is its /etc/profile already (deploy/docker/Dockerfile).
         for m in sandbox_mounts(request, etc_from_host=False, profile=not in_image):
             mounts.append(Mount(m.target, str(m.source), type="bind", read_only=not m.writable))
-        memory = (request.memory_mb + _MEMORY_HEADROOM_MB) * 1024 * 1024
+        memory = (request.memory_mb + MEMORY_HEADROOM_MB) * 1024 * 1024
         host_config = api.create_host_config(
             mounts=mounts,
             tmpfs=_TMPFS,
@@ -427,7 +267,7 @@ class DockerSandbox(Sandbox):
         }
         created = api.create_container(
             image=image_id,
-            command=[sys.executable, "-I", "-S", "-c", _INIT_SOURCE, f"{CONTROL}/setup.json"],
+            command=[sys.executable, "-I", "-S", "-c", INIT_SOURCE, f"{CONTROL}/setup.json"],
             entrypoint=[],
             user="0:0",
             working_dir="/",
@@ -449,18 +289,15 @@ class DockerSandbox(Sandbox):
         import docker.errors
 
         started = time.monotonic()
-        self._setup(request, uid, gid, control)
-        out = _Kept(request.output_limit, request.on_stdout)
-        err = _Kept(request.output_limit)
-        tails = [_Tail(control / "out", out), _Tail(control / "err", err)]
-        tails += [_Tail(control / f"fd-{n}", _write_all(n)) for n in request.pass_fds]
+        write_setup(request, uid, gid, control)
+        out, err, followers = tails(control, request)
         cid: str | None = None
         waited: dict[str, Any] = {}
         done = threading.Event()
 
         def wait() -> None:
             try:
-                waited.update(api.wait(cid, timeout=request.timeout_s + 2 * _SELF_DEADLINE_S))
+                waited.update(api.wait(cid, timeout=request.timeout_s + 2 * SELF_DEADLINE_S))
             except Exception as exc:  # noqa: BLE001  any failure ends the wait; reported below
                 waited["error"] = exc
             done.set()
@@ -471,7 +308,7 @@ class DockerSandbox(Sandbox):
                 api.start(cid)
             except docker.errors.APIError as exc:
                 raise SandboxUnavailable(f"Docker could not start the container: {exc}") from None
-            for t in tails:
+            for t in followers:
                 t.start()
             waiter = threading.Thread(target=wait, daemon=True)
             waiter.start()
@@ -492,11 +329,7 @@ class DockerSandbox(Sandbox):
                     api.remove_container(cid, force=True, v=True)
                 except docker.errors.NotFound:
                     pass
-            for t in tails:
-                t.stop.set()
-            for t in tails:
-                if t.is_alive():
-                    t.join(timeout=30)
+            stop_tails(followers)
         if "error" in waited and not stopped:
             raise SandboxUnavailable(f"lost the container while waiting: {waited['error']}")
         cancelled = stopped and request.cancel is not None and request.cancel.is_set()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, SandboxUnavailable
 from hangar_dagster.trials.sandbox.docker import (
     DEFAULT_UID,
@@ -216,7 +217,7 @@ def test_the_trials_stage_removes_leftovers_only_for_a_docker_experiment(
             said.append(msg)
 
     try:
-        _remove_leftover_containers(exp, Log())  # type: ignore[arg-type]
+        _remove_leftover_containers(exp, Log(), Settings.from_env())  # type: ignore[arg-type]
         ids = [c["Id"] for c in client().api.containers(all=True)]
         # A bwrap experiment does not touch the engine; a docker one removes the leftover.
         assert (left in ids) is (backend == "bwrap"), said
