@@ -363,9 +363,10 @@ class K8sSandbox(Sandbox):
         annotations[OWNER_ANNOTATION] = owner(placement)
         # Under TMPDIR, which lies on the claim.
         control = Path(tempfile.mkdtemp(prefix="hangar-k8s-"))
-        owners = hand_to_command(request, uid, binds)
+        owners: list[tuple[Path, int, int]] = []
         bridges: list[_Bridge] = []
         try:
+            owners = hand_to_command(request, uid, binds)
             plan = pod_plan(
                 request, name=name, namespace=ns, image=image, claim=placement.shared_claim,
                 root=root, control=control, uid=uid, gid=gid, binds=binds,
