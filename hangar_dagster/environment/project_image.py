@@ -37,7 +37,9 @@ from hangar_dagster.environment.image import (
 )
 
 PROJECT_IMAGE = "hangar-dagster:local"
+POSTGRES_IMAGE = "hangar-postgres:local"
 DEPLOY_FILES = ("Dockerfile", "dagster.yaml", "workspace.yaml")
+POSTGRES_FILES = ("Dockerfile.postgres", "postgres-entrypoint.sh")
 # Bump when the way the context is made changes.
 _RECIPE_VERSION = 1
 
@@ -64,19 +66,22 @@ def requirements(source: Path) -> str:
     return "".join(f"{d}\n" for d in deps)
 
 
-def recipe(client: Any, source: Path) -> dict[str, Any]:
+def _base_id(client: Any) -> str:
     import docker.errors
 
-    deploy = source / "deploy" / "docker"
     try:
-        base = str(client.images.get(BASE_IMAGE).id)
+        return str(client.images.get(BASE_IMAGE).id)
     except docker.errors.ImageNotFound:
         raise ImageBuildError(
             f"{BASE_IMAGE} is not on this Docker engine: run `hangar image build` first"
         ) from None
+
+
+def recipe(client: Any, source: Path) -> dict[str, Any]:
+    deploy = source / "deploy" / "docker"
     return {
         "version": _RECIPE_VERSION,
-        "base": base,
+        "base": _base_id(client),
         "deploy": _files_digest(deploy, (deploy / f for f in DEPLOY_FILES)),
         "sources": _files_digest(source, _sources(source)),
         "requirements": requirements(source),
@@ -128,9 +133,16 @@ def _link_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, copy_function=link)
 
 
-def _docker_build(client: Any, context: Path, tag: str, digest: str) -> None:
+def _docker_build(
+    client: Any, context: Path, tag: str, digest: str, dockerfile: str = "Dockerfile"
+) -> None:
     stream = client.api.build(
-        path=str(context), tag=tag, labels={RECIPE_LABEL: digest}, rm=True, decode=True
+        path=str(context),
+        dockerfile=dockerfile,
+        tag=tag,
+        labels={RECIPE_LABEL: digest},
+        rm=True,
+        decode=True,
     )
     tail: list[str] = []
     for chunk in stream:
@@ -173,3 +185,30 @@ def build_project_image(
         _docker_build(client, context, tag, digest)
     image = client.images.get(tag)
     return BuiltImage(str(image.id), tag, digest, cached=False)
+
+
+def build_postgres_image(
+    client: Any, *, source: Path, tag: str = POSTGRES_IMAGE, log: Callable[[str], None] = print
+) -> BuiltImage:
+    """Build (or find cached) the deployment's Postgres image (deploy/docker/Dockerfile.postgres).
+
+    Its recipe is the base image's id and the two files; Debian's postgresql-15 package comes
+    from the host's apt mirror at build time, so a rebuild may get a newer point release.
+    """
+    deploy = source / "deploy" / "docker"
+    digest = recipe_digest(
+        {
+            "version": _RECIPE_VERSION,
+            "base": _base_id(client),
+            "files": _files_digest(deploy, (deploy / f for f in POSTGRES_FILES)),
+        }
+    )
+    found = cached_image(client, digest, tag)
+    if found is not None:
+        return BuiltImage(found, tag, digest, cached=True)
+    with tempfile.TemporaryDirectory(prefix="hangar-postgres-image-") as tmp:
+        for name in POSTGRES_FILES:
+            shutil.copy2(deploy / name, Path(tmp) / name)
+        log(f"hangar: docker build -f Dockerfile.postgres -t {tag} (recipe {digest[:19]})")
+        _docker_build(client, Path(tmp), tag, digest, dockerfile="Dockerfile.postgres")
+    return BuiltImage(str(client.images.get(tag).id), tag, digest, cached=False)

@@ -30,7 +30,12 @@ from hangar_dagster.experiment.stage import StageRefused, check_spec, pin_varian
 from hangar_dagster.grading.stage import run_base_checks, run_grades
 from hangar_dagster.orchestration import metadata as md
 from hangar_dagster.orchestration.resources import HangarResource
-from hangar_dagster.orchestration.stages import partition_key_of, partitions, trial_key_of
+from hangar_dagster.orchestration.stages import (
+    EVAL_POOL,
+    partition_key_of,
+    partitions,
+    trial_key_of,
+)
 from hangar_dagster.queue.restarts import StartedMarker
 from hangar_dagster.results.records import GradeRecord
 from hangar_dagster.results.report import build_report, report_dir, write_report
@@ -142,6 +147,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             ),
         },
         description="One agent run per partition, in a sandbox on a clone at the pinned base.",
+        pool=EVAL_POOL,  # the cluster's eval share, enforced by the instance (docs/queue.md)
         group_name=group,
         tags=tags,
         kinds=md.KINDS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.stages import STAGES, TAG_EXPERIMENT, TAG_STAGE, job_name
+from hangar_dagster.orchestration.stages import STAGES, job_name, job_tags
 
 
 def build_experiment_jobs(
@@ -21,7 +21,7 @@ def build_experiment_jobs(
             job_name(exp, stage),
             selection=sel,
             executor_def=dg.in_process_executor,
-            tags={TAG_EXPERIMENT: exp.experiment_id, TAG_STAGE: stage},
+            tags=job_tags(exp, stage),
         )
         for stage, sel in selections.items()
     ]

@@ -18,6 +18,12 @@ STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
 SETUP_STAGES = ("spec", "pin_sets", "base_checks")
 TAG_EXPERIMENT = "hangar/experiment"
 TAG_STAGE = "hangar/stage"
+# Every trials run of an experiment carries its id here (a job tag, so a run launched from the
+# UI does too): the instance's queue runs one per value at a time (dagster.yaml).
+TAG_TRIALS_OF = "hangar/trials_of"
+# The Dagster pool of the trials step: its limit, in the instance, is the eval share of the
+# whole cluster, for queued runs and `run --wait`'s in-process ones alike (docs/queue.md).
+EVAL_POOL = "hangar_eval"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 
@@ -51,6 +57,15 @@ def trial_key_of(trials_def: dg.MultiPartitionsDefinition, partition_key: str) -
 
 def partition_key_of(key: TrialKey) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"variant": key.variant, "task_rep": key.task_rep})
+
+
+def job_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
+    """The tags every run of a stage's job carries, however it is launched."""
+    tags = {TAG_EXPERIMENT: exp.experiment_id, TAG_STAGE: stage}
+    if stage == "trials":
+        tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
+        tags[TAG_TRIALS_OF] = exp.experiment_id
+    return tags
 
 
 def stage_tags(

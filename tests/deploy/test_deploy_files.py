@@ -52,22 +52,44 @@ def test_run_workers_carry_the_compose_project_labels_so_down_removes_them(monke
     # The bug: run workers DockerRunLauncher starts carry no compose label, so `docker-compose
     # down --remove-orphans` leaves them. dagster.yaml cannot set it (no env substitution inside
     # container_kwargs); the code server's container context does, merged with the launcher's.
+    # The same holds for the shared directory's mount: a run worker without it could not load
+    # the experiment's job ("Could not load job definition", found by the end-to-end test).
     from dagster_docker.container_context import DockerContainerContext
 
     monkeypatch.setenv("HANGAR_DEPLOY_NETWORK", "hangar_default")
     env = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]["user_code"][
         "environment"
     ]
-    raw = env["DAGSTER_CONTAINER_CONTEXT"].replace("${COMPOSE_PROJECT_NAME}", "hangar")
+    raw = (
+        env["DAGSTER_CONTAINER_CONTEXT"]
+        .replace("${COMPOSE_PROJECT_NAME}", "hangar")
+        .replace("${HANGAR_SHARED}", "/srv/hangar")
+    )
     launcher = yaml.safe_load((DOCKER / "dagster.yaml").read_text())["run_launcher"]["config"]
-    merged = DockerContainerContext(container_kwargs=launcher["container_kwargs"]).merge(
+    merged = DockerContainerContext(container_kwargs=launcher.get("container_kwargs", {})).merge(
         DockerContainerContext.create_from_config(json.loads(raw))
     )
     assert merged.container_kwargs["labels"] == {
         "com.docker.compose.project": "hangar",
         "com.docker.compose.oneoff": "False",  # compose v1 lists only these as orphans
     }
-    # The shallow merge keeps the launcher's socket mount.
-    assert "/var/run/docker.sock:/var/run/docker.sock" in merged.container_kwargs["volumes"]
+    # The shared directory at its host path, and the Engine socket for the sandboxes.
+    assert sorted(merged.container_kwargs["volumes"]) == [
+        "/srv/hangar:/srv/hangar",
+        "/var/run/docker.sock:/var/run/docker.sock",
+    ]
+    # The launcher sets no volumes of its own: the shallow merge would drop one of the two.
+    assert "volumes" not in launcher.get("container_kwargs", {})
     # And the run worker gets what its sandboxes need to run from the project image.
     assert {"HANGAR_SANDBOX_RUNTIME", "HANGAR_SANDBOX_IMAGE", "TMPDIR"} <= set(launcher["env_vars"])
+
+
+def test_the_eval_queue_settings_reach_every_service_and_run_worker() -> None:
+    # Found by the end-to-end test: without them a run worker kept the default 20:00-00:15
+    # window whatever the operator set, and no trial started outside it.
+    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    launcher = yaml.safe_load((DOCKER / "dagster.yaml").read_text())["run_launcher"]["config"]
+    queue_vars = {"HANGAR_EVAL_WINDOW", "HANGAR_EVAL_TZ", "HANGAR_EVAL_TPM_BUDGET"}
+    assert queue_vars <= set(launcher["env_vars"])
+    for name in ("user_code", "webserver", "daemon"):
+        assert queue_vars <= set(compose["services"][name]["environment"]), name

@@ -11,15 +11,22 @@ The project image is built once per recipe (a second run is a cache hit: no buil
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hangar_dagster.environment.project_image import build_project_image
-from hangar_dagster.trials.sandbox.docker import client
+from hangar_dagster.trials.sandbox.docker import (
+    MANAGED_LABEL,
+    OWNER_LABEL,
+    _owner,
+    cleanup_leftovers,
+    client,
+)
 from tests.agent_clis import cache_dir
-from tests.deploy.conftest import REPO, TAG, run_in_worker
+from tests.deploy.conftest import REPO, SOCKET, TAG, run_in_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("docker")]
 
@@ -89,3 +96,62 @@ def test_a_second_build_with_the_same_recipe_is_a_cache_hit(project_image: str) 
         client(), source=REPO, wheels_cache=cache_dir() / "project-wheels", tag=TAG
     )
     assert (again.cached, again.image_id) == (True, project_image)
+
+
+# Runs in the run worker: a sandbox that outlives it (the worker is killed while it runs).
+LONG_SANDBOX = r"""
+from hangar_dagster.settings import Settings
+from hangar_dagster.trials.sandbox import SandboxRequest, get_sandbox
+
+settings = Settings.from_env()
+wd = settings.paths.work / "wd"
+wd.mkdir(parents=True)
+get_sandbox("docker", runtime=settings.sandbox_runtime).run(SandboxRequest(
+    argv=["/bin/sh", "-c", "sleep 600"], workdir=wd, env={"PATH": "/usr/bin:/bin"}, timeout_s=600,
+))
+"""
+
+
+def worker_container(image: str, shared: Path, script: str) -> Any:
+    """A container made (not started) as DockerRunLauncher makes a run worker, running ``script``."""
+    (shared / "tmp").mkdir(parents=True, exist_ok=True)
+    return client().containers.create(
+        image,
+        command=["python", "-c", script],
+        environment={
+            "HANGAR_HOME": str(shared / "home"),
+            "TMPDIR": str(shared / "tmp"),
+            "HANGAR_SANDBOX_IMAGE": image,
+        },
+        volumes={SOCKET: {"bind": SOCKET, "mode": "rw"}, str(shared): {"bind": str(shared)}},
+        # Found and removed by cleanup_leftovers if this test process dies mid-run.
+        labels={MANAGED_LABEL: "1", OWNER_LABEL: _owner()},
+    )
+
+
+def test_the_sandbox_of_a_killed_run_worker_is_removed_by_the_next_cleanup(
+    project_image: str, tmp_path: Path
+) -> None:
+    # The gap docs/operations.md named: the owner label held the worker container's hostname
+    # and a pid inside it, so no other process (the next run worker, the host) could tell
+    # the owner gone, and a killed worker's sandbox ran on. Now the owner is the container.
+    worker = worker_container(project_image, tmp_path, LONG_SANDBOX)
+    try:
+        worker.start()
+        owned = {"label": [f"{MANAGED_LABEL}=1"]}
+        sandbox = None
+        deadline = time.monotonic() + 120
+        while sandbox is None and time.monotonic() < deadline:
+            for c in client().api.containers(filters=owned):
+                if c["Labels"].get(OWNER_LABEL, "").startswith(f"container:{worker.id}:"):
+                    sandbox = c["Id"]
+            time.sleep(0.5)
+        assert sandbox is not None, worker.logs().decode()
+        cleanup_leftovers()  # its worker runs: left alone
+        assert client().api.inspect_container(sandbox)["State"]["Running"]
+        worker.kill()  # as the chaos of a node does: nothing in the worker runs any more
+        worker.wait(timeout=60)
+        cleanup_leftovers()
+        assert sandbox not in [c["Id"] for c in client().api.containers(all=True)]
+    finally:
+        worker.remove(force=True)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import socket
 import sys
@@ -177,24 +178,73 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+# Docker binds /etc/hostname (and resolv.conf, hosts) from the container's own directory on
+# the engine's host: the one place a process sees its container's full id, cgroup v1 or v2.
+_OWN_CONTAINER = re.compile(r"/containers/([0-9a-f]{64})/(?:hostname|hosts|resolv\.conf) ")
+
+
+@functools.cache
+def own_container() -> str | None:
+    """The id of the container this process runs in, if it is one of our engine's, else None."""
+    import docker.errors
+
+    try:
+        found = _OWN_CONTAINER.search(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return None
+    if found is None:
+        return None
+    try:
+        client().api.inspect_container(found.group(1))
+    except docker.errors.NotFound:  # a container of another engine (or none we can see)
+        return None
+    return found.group(1)
+
+
 @functools.cache
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+    """Who a sandbox belongs to: this process, named so that another process can tell it gone.
+
+    On the engine's host: ``host:pid:start``. Inside a container of the same engine (a run
+    worker of the Docker deployment): ``container:<id>:pid:start``, since the pid and the
+    hostname mean nothing outside it; the next run worker, another container, checks that
+    container through the engine instead (docs/operations.md, "Beyond one machine: Docker").
+    """
+    me = f"{os.getpid()}:{_process_start(os.getpid())}"
+    container = own_container()
+    return f"container:{container}:{me}" if container else f"{socket.gethostname()}:{me}"
+
+
+def _owner_gone(owner: str) -> bool:
+    """Whether the process of an ``OWNER_LABEL`` value is known to be gone (else: alive or
+    unknown, e.g. a process on another host: its containers are left alone)."""
+    import docker.errors
+
+    parts = owner.split(":")
+    if len(parts) == 4 and parts[0] == "container":
+        _, container, pid, start = parts
+        if container == own_container():  # our own container: its pids are ours to check
+            return pid.isdigit() and _process_start(int(pid)) != start
+        try:
+            state = client().api.inspect_container(container)["State"]
+        except docker.errors.NotFound:
+            return True  # removed: its run worker is gone
+        return not state.get("Running", False)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    if own_container() is not None:
+        return False  # a host process's, seen from a container: its pids are not ours
+    return _process_start(int(parts[1])) != parts[2]
 
 
 def cleanup_leftovers() -> int:
-    """Remove hangar's containers whose owner process (on this host) is gone; how many."""
+    """Remove hangar's containers whose owner process (or owner container) is gone; how many."""
     import docker.errors
 
-    host = socket.gethostname()
     removed = 0
     for c in client().api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"}):
-        owner = (c.get("Labels") or {}).get(OWNER_LABEL, "")
-        parts = owner.split(":")
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        if _process_start(int(parts[1])) == parts[2]:
-            continue  # a live run's container
+        if not _owner_gone((c.get("Labels") or {}).get(OWNER_LABEL, "")):
+            continue  # a live run's container, or one we cannot judge
         try:
             client().api.remove_container(c["Id"], force=True, v=True)
             removed += 1

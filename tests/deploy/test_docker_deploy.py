@@ -1,0 +1,349 @@
+"""The Docker deployment (deploy/docker) end to end, for real: one bring-up shared by every case.
+
+The images are built or found cached by their recipes (scripts/bootstrap prebuilds them), the
+compose project is named uniquely (other engineers use the same engine), the host CLI submits
+through the deployment's Postgres instance and reads the DuckLake store the run workers write
+(catalog in the same Postgres, data on the shared directory). The last case brings everything
+down and checks that nothing of the project is left: containers (the run workers too),
+network, volume.
+
+The spec is a lean subset of examples/skills-ab: its three tasks and two variants, one trial
+each (6 trials; the whole example's 18 are the benchmark's, benchmarks/deploy_overhead.py),
+on the Docker sandbox from the project image. The agent is the example's scripted stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import Settings
+from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, client
+from tests.conftest import EXAMPLE, cli_env
+from tests.deploy.compose import Deployment, up
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs_sandbox("docker")]
+
+HANGAR = str(Path(sys.executable).with_name("hangar"))
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, docker_base_image: str
+) -> Iterator[Deployment]:
+    dep = up(tmp_path_factory.mktemp("deploy") / "shared")
+    try:
+        yield dep
+    finally:
+        dep.down()  # again: a no-op after the last case, the cleanup when a case failed first
+
+
+@pytest.fixture(scope="module")
+def example(deployment: Deployment) -> Path:
+    """The example on the shared directory: run workers clone its task repos from there."""
+    dest = deployment.shared / "example"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    subprocess.run(
+        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
+        check=True,
+        capture_output=True,
+    )
+    return dest
+
+
+def spec(example: Path, image: str, name: str, **changes: Any) -> Path:
+    data = yaml.safe_load((example / "experiment.yaml").read_text())
+    data["environment"]["sandbox"] = "docker"
+    data["environment"]["image"] = image  # the project image: it carries hangar's runtime
+    data.update({"name": name, "trials": 1} | changes)
+    path = example / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def hangar_on(
+    dep: Deployment, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HANGAR, *args], env=dep.host_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def submit(dep: Deployment, path: Path) -> str:
+    """`hangar experiment run SPEC` on the host, queued for the deployment's daemon."""
+    done = hangar_on(dep, "experiment", "run", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split("submitted ")[1].split()[0]
+
+
+def store_of(dep: Deployment) -> Store:
+    return Store(Settings.from_env(dep.host_env()).paths)
+
+
+def wait_complete(dep: Deployment, eid: str, timeout_s: float = 600) -> dict[str, Any]:
+    """`hangar experiment get --json` once the store says every key is counted and graded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = hangar_on(dep, "experiment", "get", eid, "--json")
+        assert got.returncode == 0, got.stdout + got.stderr
+        data: dict[str, Any] = json.loads(got.stdout)
+        if data["queue"]["complete"]:
+            return data
+        if time.monotonic() > deadline:
+            pytest.fail(f"{eid} not complete: {data['queue']}\n{dep.logs()}")
+        dep.note_run_workers()
+        time.sleep(5)
+
+
+def figures(data: dict[str, Any]) -> dict[str, Any]:
+    """What must agree between the deployment and the embedded default."""
+    keep = ("trials", "passed", "graded", "pass_rate_pts", "completed", "infra_error")
+    return {
+        "summary": {s["variant"]: {k: s[k] for k in keep} for s in data["summary"]},
+        "trials": {
+            t["trial_key"]: (t["outcome_class"], t["verify_passed"], t["passed"])
+            for t in data["trials"]
+        },
+    }
+
+
+def test_the_example_completes_on_the_deployment_with_the_embedded_figures(
+    deployment: Deployment, example: Path, tmp_path: Path
+) -> None:
+    path = spec(example, deployment.image, "skills-ab-deploy")
+    eid = submit(deployment, path)
+    # The same spec on the embedded default (SQLite instance, embedded store, `run --wait`),
+    # meanwhile: its figures are the reference.
+    home = tmp_path / "embedded"
+    embedded = subprocess.Popen(
+        [HANGAR, "experiment", "run", str(path), "--wait"],
+        env=cli_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    on_deployment = wait_complete(deployment, eid)
+    out, _ = embedded.communicate(timeout=600)
+    assert embedded.returncode == 0, out
+    reference = subprocess.run(
+        [HANGAR, "experiment", "get", out.split("submitted ")[1].split()[0], "--json"],
+        env=cli_env(home),
+        capture_output=True,
+        text=True,
+    )
+    assert reference.returncode == 0, reference.stderr
+    assert figures(on_deployment) == figures(json.loads(reference.stdout))
+    assert len(on_deployment["trials"]) == 6
+    # The rows are in the deployment's DuckLake, written by the run workers (not the host).
+    store = store_of(deployment)
+    rows = store.trials(eid)
+    assert {r.manifest["sandbox"]["backend"] for r in rows} == {"docker"}
+    assert len(store.grades(eid)) == 6
+    # Every stage ran in a run worker container the launcher started, not on the host.
+    workers = deployment.note_run_workers()
+    jobs = {
+        client().api.inspect_container(w)["Config"]["Labels"]["dagster/job_name"] for w in workers
+    }
+    assert {
+        f"{eid}__{s}_job" for s in ("spec", "pin_sets", "base_checks", "trials", "index")
+    } <= jobs
+
+
+def test_the_asset_graph_and_a_run_read_over_graphql(deployment: Deployment) -> None:
+    nodes = deployment.graphql("{ assetNodes { assetKey { path } dependencyKeys { path } } }")
+    graph = {
+        "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
+        for n in nodes["assetNodes"]
+    }
+    (eid,) = {k.split("/")[0] for k in graph if k.startswith("skills_ab_deploy_")}
+    assert graph[f"{eid}/grades"] >= {f"{eid}/trials"}
+    assert f"{eid}/index" in graph
+    runs = deployment.graphql(
+        """query($eid: String!) { runsOrError(filter: {tags: [{key: "hangar/experiment",
+        value: $eid}, {key: "hangar/stage", value: "trials"}]}) { ... on Runs { results {
+        runId status tags { key value } } } } }""",
+        {"eid": eid},
+    )["runsOrError"]["results"]
+    assert runs and all(r["status"] == "SUCCESS" for r in runs), runs
+    run = deployment.graphql(
+        """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { jobName status
+        stats { ... on RunStatsSnapshot { stepsSucceeded stepsFailed } } } } }""",
+        {"id": runs[0]["runId"]},
+    )["runOrError"]
+    assert run["jobName"] == f"{eid}__trials_job" and run["status"] == "SUCCESS"
+    assert run["stats"]["stepsFailed"] == 0 and run["stats"]["stepsSucceeded"] >= 2
+    tags = {t["key"]: t["value"] for t in runs[0]["tags"]}
+    assert tags["hangar/queue"] == "eval" and "docker/container_id" in tags
+
+
+def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
+    deployment: Deployment, example: Path
+) -> None:
+    # One task, three trials one after the other: the kill lands with some stored, one running.
+    data = yaml.safe_load((example / "experiment.yaml").read_text())
+    path = spec(
+        example,
+        deployment.image,
+        "skills-ab-kill",
+        tasks=[t for t in data["tasks"] if t["id"] == "median"],
+        variants={"plain": data["variants"]["plain"]},
+        baseline="plain",
+        trials=3,
+        parallel=1,
+    )
+    eid = submit(deployment, path)
+    store = store_of(deployment)
+    deadline = time.monotonic() + 300
+    while not store.trials(eid, all_attempts=True):
+        assert time.monotonic() < deadline, deployment.logs()
+        time.sleep(1)
+    (worker,) = [
+        c for c in client().api.containers(filters={"label": f"dagster/job_name={eid}__trials_job"})
+    ]
+    deployment.note_run_workers()
+    stored = {(t.trial_key, t.attempt): t for t in store.trials(eid, all_attempts=True)}
+    sandboxes = [
+        c["Id"]
+        for c in client().api.containers(filters={"label": f"{MANAGED_LABEL}=1"})
+        if c["Labels"].get(OWNER_LABEL, "").startswith(f"container:{worker['Id']}:")
+    ]
+    client().api.kill(worker["Id"])  # SIGKILL: nothing in the run worker runs any more
+    done = wait_complete(deployment, eid)
+    after = {(t.trial_key, t.attempt): t for t in store.trials(eid, all_attempts=True)}
+    # Every trial stored before the kill is there, unchanged, and counts; none ran twice.
+    for key, row in stored.items():
+        assert after[key].model_dump() == row.model_dump(), key
+    counted = [t["trial_key"] for t in done["trials"]]
+    assert sorted(counted) == ["plain/median/1", "plain/median/2", "plain/median/3"]
+    assert done["summary"][0]["graded"] == 3
+    # The killed worker's run was failed by run monitoring, and its stage started again (the
+    # grades are stored before that run ends: wait for its end).
+    deadline = time.monotonic() + 120
+    runs = trials_runs(deployment, [eid])
+    while any(r["status"] in ("QUEUED", "STARTING", "STARTED") for r in runs):
+        assert time.monotonic() < deadline, runs
+        time.sleep(2)
+        runs = trials_runs(deployment, [eid])
+    assert sorted(r["status"] for r in runs) == ["FAILURE", "SUCCESS"], runs
+    # Its sandboxes (a dead worker's leftovers) were removed by the next run worker.
+    alive = {c["Id"] for c in client().api.containers(all=True)}
+    assert not alive & set(sandboxes)
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def set_eval_pool(dep: Deployment, limit: int) -> None:
+    """The operator's command: the hangar_eval pool's limit in the deployment's instance."""
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    argv = [dagster, "instance", "concurrency", "set", "hangar_eval", str(limit)]
+    done = subprocess.run(argv, env=dep.host_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_two_run_workers_at_once_hold_the_eval_pool_and_parallel_together(
+    deployment: Deployment, example: Path
+) -> None:
+    # Two experiments' trials runs in two run worker containers at once. The eval pool's limit
+    # is 0 until both workers are up and waiting for it, then 1: their trials steps must take
+    # turns though each runs in its own container (the pool is held by the instance, not by a
+    # process), and each keeps its own `parallel`.
+    data = yaml.safe_load((example / "experiment.yaml").read_text())
+    set_eval_pool(deployment, 0)
+    try:
+        eids = [
+            submit(
+                deployment,
+                spec(
+                    example,
+                    deployment.image,
+                    f"skills-ab-pool-{n}",
+                    tasks=[t for t in data["tasks"] if t["id"] == "median"],
+                    variants={"plain": data["variants"]["plain"]},
+                    baseline="plain",
+                    trials=3,
+                    parallel=2,
+                ),
+            )
+            for n in (1, 2)
+        ]
+        deadline = time.monotonic() + 400
+        while True:
+            runs = trials_runs(deployment, eids)
+            if sum(r["status"] == "STARTED" for r in runs) == 2:
+                break
+            assert time.monotonic() < deadline, (runs, deployment.logs())
+            time.sleep(2)
+        store = store_of(deployment)
+        assert [store.trials(e, all_attempts=True) for e in eids] == [[], []]  # both held
+        set_eval_pool(deployment, 1)
+        done = [wait_complete(deployment, e) for e in eids]
+    finally:
+        set_eval_pool(deployment, 2)  # the shipped default, for the cases after this one
+    assert [len(d["trials"]) for d in done] == [3, 3]
+    runs = trials_runs(deployment, eids)
+    assert len(runs) == 2 and {r["status"] for r in runs} == {"SUCCESS"}, runs
+    # Two workers at once: each run's span covers the other's start.
+    spans = [(r["startTime"], r["endTime"]) for r in runs]
+    assert max_overlap(spans) == 2, spans
+    # ... but never two trials steps at once: the pool's one slot, across the two containers.
+    steps = [
+        (s["startTime"], s["endTime"])
+        for r in runs
+        for s in r["stepStats"]
+        if s["stepKey"].endswith("__trials")
+    ]
+    assert len(steps) == 2 and max_overlap(steps) == 1, steps
+    # Within each experiment, at most `parallel` (2) trials at once.
+    for e in eids:
+        rows = store.trials(e, all_attempts=True)
+        spans = [(t.started_at.timestamp(), t.finished_at.timestamp()) for t in rows]
+        assert max_overlap(spans) <= 2, spans
+
+
+def trials_runs(dep: Deployment, eids: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for eid in eids:
+        found += dep.graphql(
+            """query($eid: String!) { runsOrError(filter: {tags: [{key: "hangar/experiment",
+            value: $eid}, {key: "hangar/stage", value: "trials"}]}) { ... on Runs { results {
+            runId status startTime endTime stepStats { stepKey startTime endTime } } } } }""",
+            {"eid": eid},
+        )["runsOrError"]["results"]
+    return found
+
+
+def test_down_leaves_no_container_network_or_volume(deployment: Deployment) -> None:
+    workers = deployment.note_run_workers()
+    assert workers  # the launcher did start run workers
+    deployment.down()
+    assert deployment.leftovers() == {
+        "containers": [],
+        "run_workers": [],
+        "networks": [],
+        "volumes": [],
+    }
+    # No sandbox of any of its run workers either.
+    owners = {
+        c["Labels"].get(OWNER_LABEL, "").split(":")[1]
+        for c in client().api.containers(all=True, filters={"label": f"{MANAGED_LABEL}=1"})
+        if c["Labels"].get(OWNER_LABEL, "").startswith("container:")
+    }
+    assert not owners & workers
