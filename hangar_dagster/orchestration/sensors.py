@@ -118,16 +118,18 @@ HAS_WORKER = frozenset(
 def end_dead_runs(instance: dg.DagsterInstance, paths: HangarPaths, runs: StageRuns) -> list[str]:
     """Mark failed every run in flight whose worker is known to be gone; say which and why.
 
-    Only where the run launcher has no worker health check of its own (the default launcher:
-    runs are subprocesses of the code server); the others are Dagster's run monitoring's job.
+    Where the run launcher has a worker health check of its own (Docker, Kubernetes), the
+    runs it launched are Dagster's run monitoring's job; the runs the CLI executes in its own
+    process (``run --wait``, ``resume``: tagged with their creator) are still this check's.
     """
-    if instance.run_launcher.supports_check_run_worker_health:
-        return []
+    watched = instance.run_launcher.supports_check_run_worker_health
     ended = []
     for stage, records in runs.items():
         for record in records:
             run = record.dagster_run
             creator = run.tags.get(TAG_CREATOR)
+            if watched and creator is None:
+                continue  # launched: run monitoring checks its container or pod
             # NOT_STARTED has a worker only for a run the CLI executes itself (it tags those)
             has_worker = run.status in HAS_WORKER or (
                 run.status == dg.DagsterRunStatus.NOT_STARTED and creator is not None

@@ -22,7 +22,7 @@ def test_deploy_instance_yaml_validates_against_dagsters_instance_schema(monkeyp
     monkeypatch.setenv("HANGAR_PG_URL", "postgresql+psycopg2://hangar@postgres:5432/dagster")
     monkeypatch.setenv("HANGAR_DEPLOY_NETWORK", "hangar_default")
     config, _ = dagster_instance_config(str(DOCKER))  # raises on a schema error
-    assert config["run_launcher"]["class"] == "DockerRunLauncher"
+    assert config["run_launcher"]["class"] == "HangarDockerRunLauncher"
     assert "postgres" in config["storage"]
 
 

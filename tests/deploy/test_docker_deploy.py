@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,7 +84,11 @@ def submit(dep: Deployment, path: Path) -> str:
     """`hangar experiment run SPEC` on the host, queued for the deployment's daemon."""
     done = hangar_on(dep, "experiment", "run", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.split("submitted ")[1].split()[0]
+    return submitted(done.stdout)
+
+
+def submitted(out: str) -> str:
+    return out.split("submitted ")[1].split()[0]
 
 
 def store_of(dep: Deployment) -> Store:
@@ -136,7 +141,7 @@ def test_the_example_completes_on_the_deployment_with_the_embedded_figures(
     out, _ = embedded.communicate(timeout=600)
     assert embedded.returncode == 0, out
     reference = subprocess.run(
-        [HANGAR, "experiment", "get", out.split("submitted ")[1].split()[0], "--json"],
+        [HANGAR, "experiment", "get", submitted(out), "--json"],
         env=cli_env(home),
         capture_output=True,
         text=True,
@@ -240,8 +245,20 @@ def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
     assert not alive & set(sandboxes)
 
 
+def trials_runs(dep: Deployment, eids: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for eid in eids:
+        found += dep.graphql(
+            """query($eid: String!) { runsOrError(filter: {tags: [{key: "hangar/experiment",
+            value: $eid}, {key: "hangar/stage", value: "trials"}]}) { ... on Runs { results {
+            runId status startTime endTime stepStats { stepKey startTime endTime } } } } }""",
+            {"eid": eid},
+        )["runsOrError"]["results"]
+    return found
+
+
 def max_overlap(spans: list[tuple[float, float]]) -> int:
-    """The most intervals open at one instant."""
+    """The most intervals open at one instant (touching ones do not overlap)."""
     edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     most = now = 0
     for _, step in edges:
@@ -258,52 +275,69 @@ def set_eval_pool(dep: Deployment, limit: int) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_two_run_workers_at_once_hold_the_eval_pool_and_parallel_together(
+def test_a_run_worker_and_a_host_run_hold_the_eval_pool_and_parallel_together(
     deployment: Deployment, example: Path
 ) -> None:
-    # Two experiments' trials runs in two run worker containers at once. The eval pool's limit
-    # is 0 until both workers are up and waiting for it, then 1: their trials steps must take
-    # turns though each runs in its own container (the pool is held by the instance, not by a
-    # process), and each keeps its own `parallel`.
+    # Two run workers at once on the one instance: the daemon's (a container) for experiment A,
+    # and the host CLI's `run --wait` for B (in-process: the run queue never sees it). The eval
+    # pool's limit is 0 until both trials runs wait for it, then 1: their trials steps must
+    # take turns, each experiment keeping its own `parallel`.
     data = yaml.safe_load((example / "experiment.yaml").read_text())
+
+    def lean(n: int) -> Path:
+        return spec(
+            example,
+            deployment.image,
+            f"skills-ab-pool-{n}",
+            tasks=[t for t in data["tasks"] if t["id"] == "median"],
+            variants={"plain": data["variants"]["plain"]},
+            baseline="plain",
+            trials=3,
+            parallel=2,
+        )
+
     set_eval_pool(deployment, 0)
+    host_run = None
     try:
-        eids = [
-            submit(
-                deployment,
-                spec(
-                    example,
-                    deployment.image,
-                    f"skills-ab-pool-{n}",
-                    tasks=[t for t in data["tasks"] if t["id"] == "median"],
-                    variants={"plain": data["variants"]["plain"]},
-                    baseline="plain",
-                    trials=3,
-                    parallel=2,
-                ),
-            )
-            for n in (1, 2)
-        ]
+        a = submit(deployment, lean(1))
+        host_run = subprocess.Popen(
+            [HANGAR, "experiment", "run", str(lean(2)), "--wait"],
+            env=deployment.host_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert host_run.stdout is not None
+        first = host_run.stdout.readline()  # "submitted <id> (...)"
+        eids = [a, submitted(first)]
+        rest: list[str] = []  # its progress lines, read as they come (a full pipe would stall it)
+        reader = threading.Thread(target=lambda: rest.extend(host_run.stdout), daemon=True)
+        reader.start()
+        store = store_of(deployment)
         deadline = time.monotonic() + 400
         while True:
-            runs = trials_runs(deployment, eids)
-            if sum(r["status"] == "STARTED" for r in runs) == 2:
-                break
-            assert time.monotonic() < deadline, (runs, deployment.logs())
+            runs = {r["status"] for r in trials_runs(deployment, eids)}
+            if {"QUEUED", "STARTED"} <= runs:
+                break  # A's held by the queue, B's in the host process, waiting for a slot
+            assert host_run.poll() is None and time.monotonic() < deadline, (
+                runs,
+                deployment.logs(),
+            )
             time.sleep(2)
-        store = store_of(deployment)
         assert [store.trials(e, all_attempts=True) for e in eids] == [[], []]  # both held
         set_eval_pool(deployment, 1)
+        assert host_run.wait(timeout=600) == 0, "".join(rest)[-4000:]
         done = [wait_complete(deployment, e) for e in eids]
     finally:
+        if host_run is not None and host_run.poll() is None:
+            host_run.kill()
         set_eval_pool(deployment, 2)  # the shipped default, for the cases after this one
     assert [len(d["trials"]) for d in done] == [3, 3]
     runs = trials_runs(deployment, eids)
     assert len(runs) == 2 and {r["status"] for r in runs} == {"SUCCESS"}, runs
-    # Two workers at once: each run's span covers the other's start.
-    spans = [(r["startTime"], r["endTime"]) for r in runs]
-    assert max_overlap(spans) == 2, spans
-    # ... but never two trials steps at once: the pool's one slot, across the two containers.
+    # Two run workers at once (the container's run and the host's overlap) ...
+    assert max_overlap([(r["startTime"], r["endTime"]) for r in runs]) == 2, runs
+    # ... but never two trials steps: the pool's one slot, held by the instance.
     steps = [
         (s["startTime"], s["endTime"])
         for r in runs
@@ -311,28 +345,16 @@ def test_two_run_workers_at_once_hold_the_eval_pool_and_parallel_together(
         if s["stepKey"].endswith("__trials")
     ]
     assert len(steps) == 2 and max_overlap(steps) == 1, steps
-    # Within each experiment, at most `parallel` (2) trials at once.
+    # Within each experiment, at most `parallel` (2) of its 3 trials at once.
     for e in eids:
         rows = store.trials(e, all_attempts=True)
-        spans = [(t.started_at.timestamp(), t.finished_at.timestamp()) for t in rows]
-        assert max_overlap(spans) <= 2, spans
-
-
-def trials_runs(dep: Deployment, eids: list[str]) -> list[dict[str, Any]]:
-    found = []
-    for eid in eids:
-        found += dep.graphql(
-            """query($eid: String!) { runsOrError(filter: {tags: [{key: "hangar/experiment",
-            value: $eid}, {key: "hangar/stage", value: "trials"}]}) { ... on Runs { results {
-            runId status startTime endTime stepStats { stepKey startTime endTime } } } } }""",
-            {"eid": eid},
-        )["runsOrError"]["results"]
-    return found
+        assert (
+            max_overlap([(t.started_at.timestamp(), t.finished_at.timestamp()) for t in rows]) <= 2
+        )
 
 
 def test_down_leaves_no_container_network_or_volume(deployment: Deployment) -> None:
-    workers = deployment.note_run_workers()
-    assert workers  # the launcher did start run workers
+    workers = deployment.note_run_workers()  # every one the launcher started, kept or not
     deployment.down()
     assert deployment.leftovers() == {
         "containers": [],

@@ -348,3 +348,44 @@ def test_a_run_left_starting_by_a_killed_ui_is_failed_by_the_next_ui_which_waits
         finally:
             ui.kill()
             ui.wait()
+
+
+def test_under_the_deployments_launcher_a_dead_cli_run_is_ended_and_a_launched_one_left_to_monitoring(
+    queued: ResolvedExperiment, hangar_home: Path
+) -> None:
+    # The Docker deployment's launcher has a health check, so its launched runs are run
+    # monitoring's; a run the host CLI executes itself has no container, and hangar's liveness
+    # check still watches it (it used to skip every run under such a launcher).
+    from hangar_dagster.orchestration.sensors import end_dead_runs, stage_runs
+    from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
+
+    launcher = {
+        "module": "hangar_dagster.orchestration.launcher",
+        "class": "HangarDockerRunLauncher",
+        "config": {},
+    }
+    with dg.instance_for_test(overrides={"run_launcher": launcher}) as instance:
+        assert instance.run_launcher.supports_check_run_worker_health
+        launched = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTED)
+        killed_worker(hangar_home, launched)  # recorded and gone: still monitoring's to judge
+        cli = str(uuid.uuid4())
+        dead = json.loads(creator_tag()) | {"pid": 2**22 + 7, "start_ticks": 1}  # no such pid
+        instance.add_run(
+            dg.DagsterRun(
+                job_name=f"{queued.experiment_id}__pin_sets_job",
+                run_id=cli,
+                status=dg.DagsterRunStatus.STARTED,
+                tags={
+                    "hangar/experiment": queued.experiment_id,
+                    "hangar/stage": "pin_sets",
+                    TAG_CREATOR: json.dumps(dead, sort_keys=True),
+                },
+            )
+        )
+        ended = end_dead_runs(instance, paths(), stage_runs(instance, queued))
+        assert [e.split(" was ")[0] for e in ended] == [f"its pin_sets run {cli}"]
+        statuses = {r: instance.get_run_by_id(r).status for r in (launched, cli)}  # type: ignore[union-attr]
+        assert statuses == {
+            launched: dg.DagsterRunStatus.STARTED,
+            cli: dg.DagsterRunStatus.FAILURE,
+        }
