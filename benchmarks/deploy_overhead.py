@@ -37,20 +37,14 @@ sys.path.insert(0, str(ROOT))
 
 from hangar_dagster.results.store import Store  # noqa: E402
 from hangar_dagster.settings import Settings  # noqa: E402
+from tests.conftest import copy_example  # noqa: E402
 from tests.deploy.compose import up  # noqa: E402
 
-EXAMPLE = ROOT / "examples" / "skills-ab"
 HANGAR = str(Path(sys.executable).with_name("hangar"))
 
 
 def make_spec(where: Path, image: str, trials: int) -> Path:
-    example = where / "example"
-    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")],
-        check=True,
-        capture_output=True,
-    )
+    example = copy_example(where / "example")
     data = yaml.safe_load((example / "experiment.yaml").read_text())
     data["environment"] |= {"sandbox": "docker", "image": image}
     data |= {"name": "skills-ab-bench", "trials": trials}

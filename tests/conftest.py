@@ -146,10 +146,8 @@ def hangar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-@pytest.fixture(scope="session")
-def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The skills-ab example copied out of the checkout, with its task repos generated."""
-    dest = tmp_path_factory.mktemp("example") / "skills-ab"
+def copy_example(dest: Path) -> Path:
+    """The skills-ab example copied to ``dest`` (made), with its task repos generated."""
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
     subprocess.run(
         [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
@@ -157,6 +155,12 @@ def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return dest
+
+
+@pytest.fixture(scope="session")
+def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The skills-ab example copied out of the checkout, with its task repos generated."""
+    return copy_example(tmp_path_factory.mktemp("example") / "skills-ab")
 
 
 def one_task_spec(example_dir: Path, name: str, **environment: object) -> Path:

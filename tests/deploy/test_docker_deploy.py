@@ -15,7 +15,6 @@ on the Docker sandbox from the project image. The agent is the example's scripte
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import yaml
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, client
-from tests.conftest import EXAMPLE, cli_env
+from tests.conftest import cli_env, copy_example
 from tests.deploy.compose import Deployment, up
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_sandbox("docker")]
@@ -52,14 +51,7 @@ def deployment(
 @pytest.fixture(scope="module")
 def example(deployment: Deployment) -> Path:
     """The example on the shared directory: run workers clone its task repos from there."""
-    dest = deployment.shared / "example"
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
-        check=True,
-        capture_output=True,
-    )
-    return dest
+    return copy_example(deployment.shared / "example")
 
 
 def spec(example: Path, image: str, name: str, **changes: Any) -> Path:
@@ -122,6 +114,8 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Five or more stage runs, each a run worker container: 7-15 min at a load of 25-30 here.
+@pytest.mark.timeout(1800)
 def test_the_example_completes_on_the_deployment_with_the_embedded_figures(
     deployment: Deployment, example: Path, tmp_path: Path
 ) -> None:
@@ -191,6 +185,8 @@ def test_the_asset_graph_and_a_run_read_over_graphql(deployment: Deployment) -> 
     assert tags["hangar/queue"] == "eval" and "docker/container_id" in tags
 
 
+# Five or more stage runs, each a run worker container: 7-15 min at a load of 25-30 here.
+@pytest.mark.timeout(1800)
 def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
     deployment: Deployment, example: Path
 ) -> None:
@@ -275,6 +271,8 @@ def set_eval_pool(dep: Deployment, limit: int) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+# Five or more stage runs, each a run worker container: 7-15 min at a load of 25-30 here.
+@pytest.mark.timeout(1800)
 def test_a_run_worker_and_a_host_run_hold_the_eval_pool_and_parallel_together(
     deployment: Deployment, example: Path
 ) -> None:
