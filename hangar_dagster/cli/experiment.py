@@ -256,7 +256,9 @@ def get_cmd(
     console.print(summary_table(out["summary"], "summary", _intervals(report)))
     _print_headline(report, canary)
     table = Table(title="trials (highest attempt per key)")
-    for col in ("trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s"):
+    for col in (
+        "trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s", "source"
+    ):  # fmt: skip
         table.add_column(col)
     for row in out["trials"]:
         counts = row.get("hidden_tests") or {}
@@ -270,6 +272,10 @@ def get_cmd(
             str(row.get("trust") or "-"),
             f"{counts.get('passed', 0)}/{counts.get('total', 0)}" if counts else "-",
             f"{row.get('duration_s', 0):.1f}",
+            # reused: measured by an earlier experiment, not run or paid here
+            f"reused {(row.get('reused_from') or {}).get('experiment_id')}"
+            if row.get("reused_from")
+            else "fresh",
         )
     console.print(table)
     for row in report.failed:  # worst first, each with the grader's or the trial's reason

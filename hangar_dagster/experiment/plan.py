@@ -51,6 +51,27 @@ class ResolvedVariant(_Frozen):
     overlay: bool = False
 
 
+class ReuseSource(_Frozen):
+    """The stored trial a key of this experiment is a copy of (experiment/reuse.py)."""
+
+    experiment_id: str
+    trial_key: str
+    attempt: int
+    # The measurement it is: the source's own ``reused_from`` when the source was reused
+    # itself, so a chain of nights always names the run that measured it, and its time.
+    original: dict[str, str | int]
+
+
+class ReusePlan(_Frozen):
+    """What submit decided to reuse: trial key -> its source; and what it kept fresh."""
+
+    enabled: bool = True
+    max_age_days: float = 0.0
+    sources: dict[str, ReuseSource] = {}
+    health: dict[str, str] = {}  # variant -> the planned key run fresh as its health check
+    notes: tuple[str, ...] = ()  # per variant, what was reused and why the rest was not
+
+
 class ResolvedExperiment(_Frozen):
     experiment_id: str
     name: str
@@ -61,6 +82,7 @@ class ResolvedExperiment(_Frozen):
     tasks: dict[str, ResolvedTask]
     variants: dict[str, ResolvedVariant]
     grader_digest: str
+    reuse: ReusePlan | None = None  # None: decided before reuse existed, or nothing to decide
 
     @property
     def canary(self) -> str:

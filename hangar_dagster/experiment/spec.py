@@ -42,6 +42,8 @@ MAX_SPEC_BYTES = 1 << 20  # 1 MiB
 MAX_PATCH_BYTES = 10 << 20  # 10 MiB, a reference patch or `hangar grade --patch`
 MAX_HIDDEN_BYTES = 2_000_000  # all hidden test files of one task (they go into resolved.json)
 MAX_HIDDEN_FILES = 1000  # files in one hidden_tests directory
+DEFAULT_REUSE_MAX_AGE_DAYS = 7.0  # a week: last night's and last week's trials, not last month's
+MAX_REUSE_AGE_DAYS = 365
 
 # The table docs/operations.md and experiment.schema.json ("x-input-bounds") show.
 INPUT_BOUNDS: dict[str, tuple[int, str]] = {
@@ -50,6 +52,10 @@ INPUT_BOUNDS: dict[str, tuple[int, str]] = {
     "timeout_s": (MAX_TIMEOUT_S, "seconds, environment.resources.timeout_s and grader.timeout_s"),
     "memory_mb": (MAX_MEMORY_MB, "MB (1 TiB), environment.resources.memory_mb"),
     "max_cost_usd": (MAX_BUDGET_USD, "USD, budget and trial_job_budget"),
+    "max_age_days": (
+        MAX_REUSE_AGE_DAYS,
+        "days, reuse.max_age_days (how old a reused trial may be)",
+    ),
     "planned_trials": (MAX_PLANNED_TRIALS, "trials x tasks x variants of one spec"),
     "spec_bytes": (MAX_SPEC_BYTES, "bytes (1 MiB) of the spec file"),
     "patch_bytes": (MAX_PATCH_BYTES, "bytes (10 MiB) of a reference_patch file or --patch"),
@@ -266,6 +272,23 @@ class Budget(_Strict):
     max_cost_usd: float = Field(..., gt=0, le=MAX_BUDGET_USD, allow_inf_nan=False)
 
 
+class Reuse(_Strict):
+    """Reuse of measured trials of earlier experiments (docs/architecture.md, "Reusing trials")."""
+
+    enabled: bool = Field(
+        True,
+        description="Reuse a finished trial of an earlier experiment (not run, not paid) when "
+        "everything that decides its outcome is identical; false: every trial runs.",
+    )
+    max_age_days: float = Field(
+        DEFAULT_REUSE_MAX_AGE_DAYS,
+        gt=0,
+        le=MAX_REUSE_AGE_DAYS,
+        allow_inf_nan=False,
+        description="Only trials measured at most this many days before submit are reused.",
+    )
+
+
 class ExperimentSpec(_Strict):
     """An experiment: the same tasks under several variants, several trials each."""
 
@@ -298,6 +321,11 @@ class ExperimentSpec(_Strict):
     grader: Grader = Field(default_factory=Grader)  # type: ignore[arg-type]
     trial_job_budget: Budget | None = None
     budget: Budget | None = None
+    reuse: Reuse | None = Field(
+        None,
+        description="Reuse of earlier experiments' trials; unset: on, at most "
+        f"{DEFAULT_REUSE_MAX_AGE_DAYS:g} days old.",
+    )
 
     @field_validator("author")
     @classmethod

@@ -1,7 +1,8 @@
 """The spec and pin-set stages, without Dagster.
 
 ``check_spec`` re-checks at run time what submit checked (an alias declared
-since, e.g. in ``HANGAR_MODEL_ALIASES``, counts); ``pin_variants`` re-verifies
+since, e.g. in ``HANGAR_MODEL_ALIASES``, counts) and writes the reused trials a crash
+at submit left unwritten; ``pin_variants`` re-verifies
 each variant's harness lock and stores its content-addressed pin set. Both
 raise ``StageRefused`` when the experiment may not go on.
 """
@@ -16,6 +17,7 @@ from hangar_dagster.experiment.harness import load_lock
 from hangar_dagster.experiment.model_policy import ModelCatalog
 from hangar_dagster.experiment.pins import lock_pin_content, pin_set_record
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.reuse import materialize as materialize_reuse
 from hangar_dagster.experiment.spec import Problem
 from hangar_dagster.results.records import (
     ExperimentPinRecord,
@@ -46,6 +48,7 @@ def check_spec(exp: ResolvedExperiment, store: Store, settings: Settings) -> Exp
         message = "the experiment may not start: " + "; ".join(refused)
         store.put(NoteRecord(experiment_id=exp.experiment_id, kind="model", message=message))
         raise StageRefused(message)
+    materialize_reuse(exp, store, settings.paths)  # the reused trials a crash at submit cut off
     return record
 
 

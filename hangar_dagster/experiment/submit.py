@@ -35,6 +35,8 @@ from hangar_dagster.experiment.overlay import (
 from hangar_dagster.experiment.overlay import build as build_overlay
 from hangar_dagster.experiment.pins import environment_digest, lock_pin_content, pin_set_id
 from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
+from hangar_dagster.experiment.reuse import materialize as materialize_reuse
+from hangar_dagster.experiment.reuse import plan_reuse, reuse_notes
 from hangar_dagster.experiment.spec import (
     MAX_HIDDEN_BYTES,
     MAX_HIDDEN_FILES,
@@ -441,8 +443,19 @@ def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
             overlays=OverlayTarget(build=built, final=final / OVERLAYS),
         )
         n_trials = len(exp.trial_keys())
-        if problems := cli_problems(exp, settings) + submit_problems(
-            store, exp.spec, exp.author, n_trials, exp.submitted_at, settings
+        if problems := cli_problems(exp, settings):
+            raise SpecError(str(spec_path), problems)
+        # Decided before the budget looks: it projects only the trials that will be paid.
+        exp = exp.model_copy(update={"reuse": plan_reuse(exp, store, paths)})
+        n_reused = len(exp.reuse.sources) if exp.reuse is not None else 0
+        if problems := submit_problems(
+            store,
+            exp.spec,
+            exp.author,
+            n_trials,
+            exp.submitted_at,
+            settings,
+            paid=n_trials - n_reused,
         ):
             raise SpecError(str(spec_path), problems)
         paths.experiments.mkdir(parents=True, exist_ok=True)
@@ -466,8 +479,12 @@ def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
             trials_per_task=exp.spec.trials,
             trials_planned=len(exp.trial_keys()),
             parallel=exp.spec.parallel,
+            trials_reused=n_reused,
         )
     )
+    for said in reuse_notes(exp):
+        store.put(said)
+    materialize_reuse(exp, store, paths)  # the spec stage writes again what a crash cut off
     if note := projection_note(exp.spec, n_trials):
         store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))
     for v in exp.variants.values():

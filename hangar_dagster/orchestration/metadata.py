@@ -162,6 +162,8 @@ def trial_metadata(part: TrialPartition, canary: str, page: Path | None = None) 
         "retry_of": _run(t.retry_of),
         "run_of_attempt": _run(t.run_id),
         "reused": part.reused,
+        # A trial of an earlier experiment standing in for this one (not run, not paid here).
+        "reused_from": dg.MetadataValue.json(t.reused_from) if t.reused_from else None,
         "outcome_class": t.outcome_class,
         "infra_reason": t.infra_reason,
         "drift": t.drift,

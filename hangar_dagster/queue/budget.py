@@ -136,25 +136,37 @@ UNCAPPED = (
 )
 
 
-def projected_cost(spec: ExperimentSpec, n_trials: int) -> float:
+def projected_cost(spec: ExperimentSpec, n_trials: int, paid: int | None = None) -> float:
     """What an experiment may cost: its own ``budget.max_cost_usd``, else ``n_trials`` x
-    ``trial_job_budget.max_cost_usd``, else 0 (it sets no cap, so nothing bounds it)."""
+    ``trial_job_budget.max_cost_usd``, else 0 (it sets no cap, so nothing bounds it).
+
+    ``paid``: how many of the ``n_trials`` will run (the rest are reused, experiment/reuse.py);
+    the projection is then that share of it: only what will be paid counts."""
     if spec.budget is not None:
-        return spec.budget.max_cost_usd
-    if spec.trial_job_budget is not None:
-        return n_trials * spec.trial_job_budget.max_cost_usd
-    return 0.0
+        full = spec.budget.max_cost_usd
+    elif spec.trial_job_budget is not None:
+        full = n_trials * spec.trial_job_budget.max_cost_usd
+    else:
+        return 0.0
+    if paid is None or paid >= n_trials:
+        return full
+    return full * paid / n_trials if n_trials else 0.0
 
 
-def _basis(spec: ExperimentSpec, n_trials: int) -> tuple[str, str]:
+def _basis(spec: ExperimentSpec, n_trials: int, paid: int | None = None) -> tuple[str, str]:
     """(the spec field the projection comes from, how it was computed)."""
+    share = (
+        f" x {paid} paid of {n_trials} planned ({n_trials - paid} reused)"
+        if paid is not None and paid < n_trials
+        else ""
+    )
     if spec.budget is not None:
-        return "budget.max_cost_usd", "its budget.max_cost_usd"
+        return "budget.max_cost_usd", f"its budget.max_cost_usd{share}"
     if spec.trial_job_budget is not None:
         return (
             "trial_job_budget.max_cost_usd",
             f"{n_trials} trials x trial_job_budget.max_cost_usd "
-            f"{spec.trial_job_budget.max_cost_usd:.2f}",
+            f"{spec.trial_job_budget.max_cost_usd:.2f}{share}",
         )
     return "budget", UNCAPPED
 
@@ -166,6 +178,7 @@ def submit_problems(
     n_trials: int,
     at: dt.datetime,
     settings: Settings,
+    paid: int | None = None,
 ) -> list[Problem]:
     """Why the budget refuses this experiment at ``at`` (empty: it may be submitted).
 
@@ -176,8 +189,8 @@ def submit_problems(
         status = month_status(store, author, at, settings.caps)
     except BudgetConfigError as e:
         return [Problem(path=e.variable, message=e.message, fix=e.fix)]
-    projected = projected_cost(spec, n_trials)
-    field, how = _basis(spec, n_trials)
+    projected = projected_cost(spec, n_trials, paid)
+    field, how = _basis(spec, n_trials, paid)
     problems: list[Problem] = []
     for spend, other, variable in (
         (status.team, status.author_budget, TEAM_CAP_VAR),
@@ -208,7 +221,7 @@ def submit_problems(
 
 def projection_note(spec: ExperimentSpec, n_trials: int) -> str | None:
     """A note for an accepted experiment whose projection is 0 because it sets no cap."""
-    if projected_cost(spec, n_trials) > 0:
+    if spec.budget is not None or spec.trial_job_budget is not None:
         return None
     return UNCAPPED
 
@@ -296,7 +309,9 @@ def month_report(store: Store, month: str, limits: Caps) -> MonthReport:
                 attempts=int(r["attempts"]),
                 spent_usd=_spent(r["spent_usd"]),
                 spent_total_usd=_spent(r["spent_total_usd"]),
-                projected_usd=projected_cost(spec, record.trials_planned),
+                projected_usd=projected_cost(
+                    spec, record.trials_planned, record.trials_planned - (record.trials_reused or 0)
+                ),
             )
         )
     authors = sorted({e.author for e in experiments})

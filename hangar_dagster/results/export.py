@@ -68,6 +68,7 @@ def export_experiment(
             "run_id": t.run_id,
             "outcome_class": t.outcome_class,
             "infra_reason": t.infra_reason,
+            "reused_from": t.reused_from,
             "dir": _attempt_dir(t),
         }
         for t in trials

@@ -43,6 +43,7 @@ from hangar_dagster.results.tally import (
 )
 from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.settings import HangarPaths
+from hangar_dagster.util.digests import sha256_json
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ _UNAPPLIED_DDL = (
     "trial_key TEXT NOT NULL, attempt BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now(), "
     "PRIMARY KEY (experiment_id, trial_key, attempt))"
 )
+# The row of hangar_store_keys that says which schema the catalog holds.
+_SCHEMA_TBL = "_schema"
+SCHEMA_DIGEST = sha256_json([[t.ddl() for t in TABLES], list(VIEWS)])
 
 
 def extension_directory() -> Path:
@@ -153,29 +157,36 @@ class LakeStore(Store):
             f"CREATE TABLE IF NOT EXISTS pg.{KEYS} "
             "(tbl TEXT NOT NULL, k TEXT NOT NULL, PRIMARY KEY (tbl, k))"
         )
+        # The schema this code writes, by digest: a catalog made by an older hangar (a column
+        # or a view added since) is brought level once, then every connect is one lookup.
+        if con.execute(
+            f"SELECT 1 FROM pg.{KEYS} WHERE tbl = ? AND k = ?", [_SCHEMA_TBL, SCHEMA_DIGEST]
+        ).fetchone():
+            return
         existing = {
             r[0]
             for r in con.execute(
                 f"SELECT table_name FROM duckdb_tables() WHERE database_name = '{CATALOG}'"
             ).fetchall()
         }
-        views = {
-            r[0]
-            for r in con.execute(
-                f"SELECT view_name FROM duckdb_views() WHERE database_name = '{CATALOG}'"
-            ).fetchall()
-        }
-        if existing >= {t.name for t in TABLES} and len(views) >= len(VIEWS):
-            return
         con.execute("BEGIN")
         for table in TABLES:
             # DuckLake has no PRIMARY KEY: the key is kept in hangar_store_keys instead
             con.execute(table.ddl().replace(f",\n  PRIMARY KEY ({', '.join(table.key)})\n)", "\n)"))
             if table.by_experiment and table.name not in existing:
                 con.execute(f"ALTER TABLE {table.name} SET PARTITIONED BY (experiment_id)")
+            for c in table.columns:  # a catalog made before a nullable column existed gains it
+                if c.nullable and table.name in existing:
+                    con.execute(
+                        f'ALTER TABLE {table.name} ADD COLUMN IF NOT EXISTS "{c.name}" {c.sql_type}'
+                    )
         for view in VIEWS:
             con.execute(view)
         con.execute("COMMIT")
+        con.execute(
+            f"INSERT INTO pg.{KEYS} VALUES (?, ?) ON CONFLICT DO NOTHING",
+            [_SCHEMA_TBL, SCHEMA_DIGEST],
+        )
 
     def _retrying(self, con: duckdb.DuckDBPyConnection, work: Any) -> Any:
         delay = 0.01

@@ -46,6 +46,9 @@ class ExperimentRecord(Record):
     trials_per_task: int
     trials_planned: int
     parallel: int
+    # Planned trials reused from earlier experiments at submit (experiment/reuse.py): neither
+    # run nor paid; the budget projects trials_planned - trials_reused. None: before reuse.
+    trials_reused: int | None = None
 
 
 class PinSetRecord(Record):
@@ -154,6 +157,10 @@ class TrialRecord(Record):
     # (queue/restarts.py estimate_cost, trials/agents/prices.py upper_estimate; docs/data.md).
     cost_estimate_usd: float | None = None
     cost_basis: str | None = None
+    # Set on a trial reused from an earlier experiment (experiment/reuse.py): the measurement it
+    # is, {experiment_id, trial_key, attempt, run_id, finished_at}. The row keeps that
+    # measurement's own times and cost; it was not run, and is not paid, again.
+    reused_from: dict[str, Any] | None = None
 
 
 class GradeRecord(Record):

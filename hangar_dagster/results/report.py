@@ -77,6 +77,11 @@ class Health:
     cost_per_pass_usd: float | None
     tokens_per_pass: float | None
     cost_estimated_usd: float = 0.0  # the part of cost_usd that is an estimate of unknown costs
+    # Trial keys whose counting trial is a reused measurement of an earlier experiment
+    # (experiment/reuse.py), and those experiments; the rest ran (and were paid) here.
+    reused_keys: tuple[str, ...] = ()
+    reused_from: tuple[str, ...] = ()
+    fresh_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,10 @@ def outcomes(rows: Sequence[Row], variant: str) -> dict[str, list[bool]]:
 
 def _health(rows: Sequence[Row], attempts: Sequence[TrialRecord], variant: str) -> Health:
     mine = [r for r in rows if r.variant == variant]
-    spent = [a for a in attempts if a.variant == variant]
+    tried = [a for a in attempts if a.variant == variant]
+    # A reused trial was paid by the experiment that measured it: not spent here.
+    spent = [a for a in tried if not a.reused_from]
+    reused = sorted({a.trial_key for a in tried if a.reused_from})
     ev = Counter(r.evidence for r in mine)
     passed = sum(1 for r in mine if r.counted and r.passed)
     # An unknown cost (None) counts as its estimate, as the budget does.
@@ -237,7 +245,7 @@ def _health(rows: Sequence[Row], attempts: Sequence[TrialRecord], variant: str) 
         admissible=ev["admissible"],
         execution_failures=ev["execution_failure"],
         evidence_failures=ev["evidence_failure"],
-        infra_retries=len(spent) - len(mine),
+        infra_retries=len(tried) - len(mine),
         flagged_passes=len(flagged),
         flagged=flagged,
         trust=dict(sorted(Counter(r.trust for r in mine if r.trust).items())),
@@ -247,6 +255,13 @@ def _health(rows: Sequence[Row], attempts: Sequence[TrialRecord], variant: str) 
         cost_per_pass_usd=round(cost / passed, 6) if passed else None,
         tokens_per_pass=round(tokens / passed, 1) if passed else None,
         cost_estimated_usd=round(estimated, 6),
+        reused_keys=tuple(reused),
+        reused_from=tuple(
+            sorted(
+                {str((a.reused_from or {}).get("experiment_id")) for a in tried if a.reused_from}
+            )
+        ),
+        fresh_keys=tuple(r.trial_key for r in mine if r.trial_key not in set(reused)),
     )
 
 
@@ -735,13 +750,23 @@ def _health_lines(v: VariantReport) -> list[str]:
         if h.cost_estimated_usd
         else ""
     )
+    reuse = []
+    if h.reused_keys:
+        fresh = ", ".join(h.fresh_keys) if len(h.fresh_keys) <= 10 else f"{len(h.fresh_keys)} keys"
+        reuse = [
+            f"reused: {len(h.reused_keys)} trial(s) measured by {', '.join(h.reused_from)}, "
+            f"not run or paid here; fresh: {len(h.fresh_keys)} ({fresh or 'none'})"
+        ]
     return [
         f"{h.trials} trials: {h.admissible} admissible, {h.execution_failures} execution "
         f"failure(s), {h.evidence_failures} evidence failure(s); {h.infra_retries} infra retr"
         f"{'y' if h.infra_retries == 1 else 'ies'}",
+        *reuse,
         f"flagged passes, counted apart (not in the pass rate): {h.flagged_passes}{flagged}",
         f"trust: {trust}",
-        f"cost ${h.cost_usd:.4f}{estimated}, {h.tokens} tokens; {per_pass}",
+        f"cost ${h.cost_usd:.4f}{estimated}, {h.tokens} tokens"
+        + (" (paid here: reused trials left out)" if h.reused_keys else "")
+        + f"; {per_pass}",
     ]
 
 
@@ -878,7 +903,8 @@ def to_html(report: Report, png: bytes | None) -> str:
         parts.append(
             "<h2>Trials</h2><p>Each trial's page shows its patch, trace (messages and tool "
             "calls), verify output, grade log and per-test results.</p><table id=trials>"
-            "<tr><th>trial</th><th>attempt</th><th>outcome</th><th>grade</th><th>hidden tests</th></tr>"
+            "<tr><th>trial</th><th>attempt</th><th>outcome</th><th>grade</th><th>hidden tests</th>"
+            "<th>source</th></tr>"
         )
         for ev in report.evidence:
             g = ev.grade
@@ -887,13 +913,22 @@ def to_html(report: Report, png: bytes | None) -> str:
             tests = f"{h.get('passed', 0)}/{h.get('total', 0)}" if h else "-"
             parts.append(
                 f"<tr><td>{_trial_link(report, ev.trial.trial_key)}</td><td>{ev.trial.attempt}</td>"
-                f"<td>{e(ev.trial.outcome_class)}</td><td>{grade}</td><td>{tests}</td></tr>"
+                f"<td>{e(ev.trial.outcome_class)}</td><td>{grade}</td><td>{tests}</td>"
+                f"<td>{e(_source(ev.trial))}</td></tr>"
             )
         parts.append("</table>")
     parts.append("<h2>Readback</h2><ul class=readback>")
     parts += [f"<li>{e(line)}</li>" for line in report.readback] or ["<li>clean</li>"]
     parts.append("</ul></body></html>\n")
     return "".join(parts)
+
+
+def _source(t: TrialRecord) -> str:
+    """Fresh (run here), or the earlier measurement a reused trial is."""
+    r = t.reused_from
+    if not r:
+        return "fresh"
+    return f"reused: {r.get('experiment_id')} {r.get('trial_key')} attempt {r.get('attempt')}"
 
 
 def _trial_link(report: Report, trial_key: str) -> str:

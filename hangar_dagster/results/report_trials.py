@@ -74,6 +74,16 @@ def _event(e: Any) -> str:
     return f"<div class=ev><b>{html.escape(kind)}</b><pre>{body}</pre></div>"
 
 
+def _reused(r: dict[str, Any] | None) -> str | None:
+    """The earlier measurement a reused trial is (not run here), or None for a fresh one."""
+    if not r:
+        return None
+    return (
+        f"{r.get('experiment_id')} {r.get('trial_key')} attempt {r.get('attempt')} "
+        f"(run {r.get('run_id')}, measured {r.get('finished_at')}); not run or paid here"
+    )
+
+
 def _section(title: str, anchor: str, content: str | None, empty: str) -> str:
     inner = f"<pre>{html.escape(content)}</pre>" if content else f"<p>{html.escape(empty)}</p>"
     return f"<h2 id={anchor}>{html.escape(title)}</h2>{inner}"
@@ -106,6 +116,7 @@ def trial_page_html(experiment: str, ev: Evidence, back: str | None = "../report
         ("tamper or run signals", "; ".join(g.tamper_signals) if g and g.tamper_signals else None),
         ("hidden tests", json.dumps(g.hidden_tests) if g else None),
         ("trial run", t.run_id),
+        ("reused from", _reused(t.reused_from)),
         ("graded in run", g.run_id if g else None),
         ("cost", f"${t.cost_usd:.4f}, {t.tokens_in + t.tokens_out} tokens, {t.turns} turns"),
     ]

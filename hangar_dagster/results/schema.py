@@ -250,7 +250,8 @@ SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   {", ".join(f"CAST(g.hidden_tests->>'{k}' AS BIGINT) AS hidden_{k}" for k in _HIDDEN)},
   (coalesce(g.task_invalid, false) OR coalesce(b.invalid, false)) AS task_invalid,
   g.contamination, g.tamper_signals,
-  t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin
+  t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin,
+  t.reused_from
 FROM trials t
 LEFT JOIN grades g
   ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
@@ -299,13 +300,15 @@ GROUP BY i.experiment_id, i.variant"""
 # The monthly eval budget's ledger: every attempt costs money (infra errors too), so it reads
 # `trials`, not experiment_index; a cost counts in the UTC month its attempt finished in
 # (AT TIME ZONE keeps that independent of the DuckDB session's zone). An unknown cost counts
-# as its estimate: unknown is not free.
+# as its estimate: unknown is not free. A reused trial was paid once, by the experiment
+# that measured it: its copies are not in the ledger.
 LEDGER_VIEW = """CREATE OR REPLACE VIEW budget_ledger AS
 SELECT strftime(t.finished_at AT TIME ZONE 'UTC', '%Y-%m') AS month,
   e.author, t.experiment_id, t.trial_key, t.attempt,
   coalesce(t.cost_usd, t.cost_estimate_usd, 0) AS cost_usd, t.cost_usd IS NULL AS estimated,
   t.finished_at
 FROM trials t
-JOIN experiments e ON e.experiment_id = t.experiment_id"""
+JOIN experiments e ON e.experiment_id = t.experiment_id
+WHERE t.reused_from IS NULL"""
 
 VIEWS: tuple[str, ...] = (INDEX_VIEW, SUMMARY_VIEW, LEDGER_VIEW)

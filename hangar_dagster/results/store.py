@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -385,6 +385,30 @@ class Store:
             GradeTestRecord,
             f"SELECT * FROM grade_tests WHERE {where} ORDER BY trial_key, attempt, test_id",
             params,
+        )
+
+    def counting_trials(
+        self,
+        *,
+        harness_digests: Collection[str],
+        base_shas: Collection[str],
+        finished_after: dt.datetime,
+        other_than: str,
+    ) -> list[TrialRecord]:
+        """The counting, graded, non-infra attempt of every trial key of the experiments other
+        than ``other_than`` that ran one of ``harness_digests`` on one of ``base_shas`` and
+        finished after ``finished_after``, newest first: what reuse may copy (experiment/reuse.py)."""
+        if not harness_digests or not base_shas or not self._has_trials():
+            return []
+        return self._records(
+            TrialRecord,
+            "SELECT t.* FROM trials t JOIN experiment_index i ON i.experiment_id = t.experiment_id "
+            "AND i.trial_key = t.trial_key AND i.attempt = t.attempt "
+            "WHERE t.experiment_id <> ? AND t.outcome_class <> 'infra_error' "
+            "AND i.passed IS NOT NULL AND list_contains(?, t.harness_digest) "
+            "AND list_contains(?, t.base_sha) AND t.finished_at > ? "
+            "ORDER BY t.finished_at DESC, t.experiment_id, t.trial_key",
+            [other_than, sorted(harness_digests), sorted(base_shas), finished_after],
         )
 
     def notes(self, experiment_id: str) -> list[NoteRecord]:

@@ -97,6 +97,7 @@ TRIAL_COLUMNS = (
     "cost_estimate_usd",
     "tokens_in",
     "tokens_out",
+    "reused_from",
 )
 _ATTEMPT_COLS = (
     "experiment_id, trial_key, attempt, finished_us, outcome_class, infra_reason, run_id"
@@ -158,10 +159,13 @@ def trial_row(row: dict[str, Any]) -> tuple[Any, ...]:
     """The tally row of one trial row (a ``schema.Table.to_row`` dict or a store query's).
 
     The cost is the budget ledger's (``budget_ledger``: an unknown cost counts as its estimate)
-    and the month is the UTC month its attempt finished in, as there.
+    and the month is the UTC month its attempt finished in, as there. A reused trial
+    (experiment/reuse.py) costs nothing and used no tokens here: the experiment that measured it
+    paid, and its tokens were spent then.
     """
     finished: dt.datetime = row["finished_at"].astimezone(dt.UTC)
-    cost = row["cost_usd"]
+    reused = bool(row.get("reused_from"))
+    cost = 0.0 if reused else row["cost_usd"]
     if cost is None:
         cost = row.get("cost_estimate_usd")
     return (
@@ -173,7 +177,7 @@ def trial_row(row: dict[str, Any]) -> tuple[Any, ...]:
         row["infra_reason"],
         row["run_id"],
         float(cost or 0.0),
-        int(row["tokens_in"]) + int(row["tokens_out"]),
+        0 if reused else int(row["tokens_in"]) + int(row["tokens_out"]),
         f"{finished:%Y-%m}",
     )
 

@@ -670,6 +670,7 @@ BOUNDED_FIELDS = (
     "environment.resources.memory_mb",
     "budget.max_cost_usd",
     "trial_job_budget.max_cost_usd",
+    "reuse.max_age_days",
 )
 
 
@@ -690,7 +691,7 @@ def test_bounds_are_in_the_message(
         assert squeeze(f"{named(path)}: Input should be less than or equal to {limit} ->") in said
     # The table's field bounds are all here (the others bound files and YAML, cases above).
     assert {p.rsplit(".", 1)[-1] for p in BOUNDED_FIELDS} == {
-        "trials", "parallel", "timeout_s", "memory_mb", "max_cost_usd"
+        "trials", "parallel", "timeout_s", "memory_mb", "max_cost_usd", "max_age_days"
     }  # fmt: skip
 
 

@@ -93,10 +93,10 @@ def test_every_table_and_column_is_documented_with_its_type() -> None:
 
 def test_the_five_example_queries_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _sql_blocks()
-    assert len(blocks) == 5, "docs/data.md should hold exactly five ```sql example blocks"
+    assert len(blocks) == 6, "docs/data.md should hold exactly six ```sql example blocks"
     store = f.make_store(tmp_path, monkeypatch)
     _populate(store)
-    per_variant, per_task, infra, cost, tamper = (_run(store, sql) for sql in blocks)
+    per_variant, per_task, infra, cost, tamper = (_run(store, sql) for sql in blocks[:5])
 
     # skill's t1 passed with a conftest.py: a flagged pass, counted apart (not in the rate),
     # and its t2 only ever hit infra errors, so skill has no counted trial and no rate
@@ -128,3 +128,21 @@ def test_the_five_example_queries_answer(tmp_path: Path, monkeypatch: pytest.Mon
         ("skill/t1/1", 1, True, "low")
     ]
     assert "conftest.py" in tamper[0]["tamper_signals"]
+
+
+def test_the_reuse_query_tells_fresh_from_reused_and_cost_leaves_reused_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    _populate(store)
+    store.put(f.experiment(experiment_id="exp-2"))
+    origin = {"experiment_id": f.EXP, "trial_key": "base/t2/1", "attempt": 1}
+    store.put(f.trial("base", "t2", experiment_id="exp-2", cost_usd=0.25, reused_from=origin))
+    store.put(f.trial("base", "t1", experiment_id="exp-2", cost_usd=0.5))
+    *_, cost, _, reuse = (_run(store, sql) for sql in _sql_blocks())
+    assert _pick([r for r in reuse if r["experiment_id"] == "exp-2"], "fresh", "reused") == [(1, 1)]
+    assert [r["reused_from"] for r in reuse if r["experiment_id"] == "exp-2"] == [[f.EXP]]
+    # exp-2 paid for its fresh trial only: the reused one was paid by exp-1
+    assert [(r["attempts"], r["cost_usd"]) for r in cost if r["experiment_id"] == "exp-2"] == [
+        (1, 0.5)
+    ]

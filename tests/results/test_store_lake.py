@@ -193,7 +193,7 @@ def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
     for store in (lake, embedded):
         _populate(store)
     blocks = _sql_blocks()
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     for sql in [
         *blocks,
         "SELECT * FROM experiment_index ORDER BY ALL",
@@ -283,3 +283,25 @@ def test_the_tally_agrees_with_writer_processes_and_their_crashes(
     store.rebuild_tally()
     assert_agrees(store, experiments)
     store.close()
+
+
+def test_a_catalog_made_before_a_column_existed_gains_it_once(lake_env: dict[str, str]) -> None:
+    """A catalog an older hangar made lacks the columns and views added since (trials.
+    reused_from, say): the next connect adds them, and records it, so later ones do not."""
+    from hangar_dagster.results import lake as lake_module
+
+    store = Store(paths())
+    assert isinstance(store, LakeStore)
+    store.put(f.trial())
+    with store._db() as con:  # what the catalog looked like before the column
+        con.execute("BEGIN")
+        con.execute("ALTER TABLE trials DROP COLUMN reused_from")
+        con.execute("COMMIT")
+        con.execute(f"DELETE FROM pg.{lake_module.KEYS} WHERE tbl = '_schema'")
+    again = Store(paths())
+    origin = {"experiment_id": "exp-0", "trial_key": "base/t1/1", "attempt": 1}
+    again.put(f.trial(replicate=2, reused_from=origin))
+    assert [t.reused_from for t in again.trials(f.EXP)] == [None, origin]
+    with again._db() as con:
+        marks = con.execute(f"SELECT k FROM pg.{lake_module.KEYS} WHERE tbl = '_schema'").fetchall()
+    assert marks == [(lake_module.SCHEMA_DIGEST,)]
