@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/definitions_scale.py [--stored 1000] [--active 10] [--repeat 5]
 
-Submits the bundled example (examples/skills-ab) once, for real, then copies its
-resolved experiment (resolved.json and its store row) under fresh ids into a new
-HANGAR_HOME until ``--stored`` experiments exist, oldest first, and archives all
+Submits the bundled example (examples/skills-ab, cut to three tasks x three trials as the
+tests run it) once, for real, then copies its resolved experiment (resolved.json and its store
+row) under fresh ids into a new HANGAR_HOME until ``--stored`` experiments exist, oldest first, and archives all
 but the newest ``--active``. The archive markers are written with
 ``catalog.write_archived``, what ``hangar experiment archive`` writes once its
 checks pass (the copies never ran, so the command itself would refuse them).
@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "skills-ab"
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import copy_example  # noqa: E402
 
 # Run in a fresh process per measurement. The definitions module is imported against an
 # empty home first, so whatever it builds at import is not counted as the load.
@@ -66,13 +67,9 @@ def env_for(home: Path) -> dict[str, str]:
 
 def template(work: Path) -> tuple[Path, str]:
     """A home with the example submitted once, for real; returns it and the experiment id."""
-    example = work / "example"
-    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(example / "make_repos.py"), "--out", str(example / "repos")],
-        check=True,
-        capture_output=True,
-    )
+    # Cut to 3 tasks x 3 trials (18 partitions per experiment), as the tests run it: the size
+    # the figures in docs/performance.md were measured at.
+    example = copy_example(work / "example")
     home = work / "template-home"
     hangar = Path(sys.executable).with_name("hangar")
     done = subprocess.run(

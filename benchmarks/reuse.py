@@ -5,7 +5,7 @@
 In one fresh ``HANGAR_HOME``, three ``hangar experiment run --wait`` (the CLI, as a user runs
 it; ``HANGAR_EVAL_WINDOW=always``):
 
-1. the bundled example (2 variants x 3 tasks x ``--trials``);
+1. the bundled example cut to its first 3 tasks (2 variants x 3 tasks x ``--trials``);
 2. the same spec plus a third variant (the skill harness at a higher solve rate): its old
    variants' trials are reused but one health trial each;
 3. the same as 2 with ``reuse: {enabled: false}``: what the second run cost before reuse.
@@ -33,9 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.conftest import copy_example  # noqa: E402
 from tests.reusefixtures import add_variant_specs  # noqa: E402
-
-EXAMPLE = ROOT / "examples" / "skills-ab"
 
 
 def hangar(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -47,13 +46,7 @@ def hangar(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def prepare(work: Path, trials: int) -> dict[str, Path]:
     """The example's copy with its repos, a third lock in its registry, and the three specs."""
-    ex = work / "example"
-    shutil.copytree(EXAMPLE, ex, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(ex / "make_repos.py"), "--out", str(ex / "repos")],
-        check=True,
-        capture_output=True,
-    )
+    ex = copy_example(work / "example")  # cut to 3 tasks, as the tests run it
     first, second = add_variant_specs(ex, work, trials, registry=ex / "harnesses")
     data: dict[str, Any] = yaml.safe_load(second.read_text())
     data["reuse"] = {"enabled": False}

@@ -74,18 +74,9 @@ class Round:
 
 # --- the world of one run ---------------------------------------------------------------------
 def example(work: Path) -> Path:
-    import shutil
+    from tests.conftest import copy_example
 
-    from tests.conftest import EXAMPLE
-
-    dest = work / "example" / "skills-ab"
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-    subprocess.run(
-        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
-        check=True,
-        capture_output=True,
-    )
-    return dest
+    return copy_example(work / "example" / "skills-ab")
 
 
 def spec_file(example_dir: Path, work: Path, trials: int) -> Path:

@@ -4,6 +4,7 @@ the test tiers and the `needs_sandbox` marker."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -146,11 +147,38 @@ def hangar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+# The example's answer needs all its tasks and trials (10 x 4, 80 trials: tests/test_example.py
+# checks them against its README). A test needs a run of the example, not its answer, so the
+# copy's experiment.yaml is the example cut to its first EXAMPLE_CUT_TASKS tasks and
+# EXAMPLE_CUT_TRIALS trials (18 trials, its size before it grew; the suite's cost stays as it
+# was). Cut as text, so the copy keeps the spec's layout and comments (tests edit it as text).
+EXAMPLE_CUT_TASKS = ("median", "slugify", "durations")
+EXAMPLE_CUT_TRIALS = 3
+
+
+def cut_example_spec(text: str) -> str:
+    """The example's experiment.yaml with only EXAMPLE_CUT_TASKS and EXAMPLE_CUT_TRIALS."""
+    head, rest = text.split("\ntasks:\n", 1)
+    body, tail = rest.split("\nvariants:\n", 1)
+    kept = [f"  - id: {b}" for b in body.split("  - id: ")[1:] if b.split()[0] in EXAMPLE_CUT_TASKS]
+    tail, n = re.subn(r"(?m)^trials: \d+$", f"trials: {EXAMPLE_CUT_TRIALS}", tail)
+    cut = f"{head}\ntasks:\n{''.join(kept).rstrip()}\nvariants:\n{tail}"
+    data = yaml.safe_load(cut)
+    # The example changed shape if this fails: update the cut, not the tests.
+    assert n == 1 and [t["id"] for t in data["tasks"]] == list(EXAMPLE_CUT_TASKS), cut
+    assert data["trials"] == EXAMPLE_CUT_TRIALS
+    return cut
+
+
 def copy_example(dest: Path) -> Path:
-    """The skills-ab example copied to ``dest`` (made), with its task repos generated."""
+    """The skills-ab example copied to ``dest`` (made), with its task repos generated and its
+    experiment.yaml cut to three tasks x three trials (``cut_example_spec``)."""
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    spec = dest / "experiment.yaml"
+    spec.write_text(cut_example_spec(spec.read_text()))
     subprocess.run(
-        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")],
+        [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")]
+        + [f"--task={t}" for t in EXAMPLE_CUT_TASKS],
         check=True,
         capture_output=True,
     )
@@ -159,7 +187,8 @@ def copy_example(dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The skills-ab example copied out of the checkout, with its task repos generated."""
+    """The skills-ab example copied out of the checkout, with its task repos generated, cut to
+    three tasks x three trials (``copy_example``)."""
     return copy_example(tmp_path_factory.mktemp("example") / "skills-ab")
 
 

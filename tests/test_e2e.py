@@ -10,7 +10,10 @@ import dagster as dg
 import duckdb
 import pytest
 
+from hangar_dagster.experiment.plan import TrialKey
+from hangar_dagster.experiment.spec import load_spec
 from tests.conftest import hangar
+from tests.test_example import predicted
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +67,30 @@ def test_all_eighteen_trials_are_graded_and_the_variants_differ(
     assert set(rates) == {"plain", "skill"}
     assert rates["skill"] > rates["plain"]
     assert invalid == (0,)
+
+
+def test_each_trial_passed_as_the_stand_ins_seed_predicts(
+    finished: tuple[Path, str, str], example_dir: Path
+) -> None:
+    # The figures in examples/skills-ab/README.md are this prediction for the whole example
+    # (tests/test_example.py); here real trials and grades of its three-task cut meet it.
+    home, experiment_id, _ = finished
+    spec = load_spec(example_dir / "experiment.yaml")
+    # Which wrong edits fail the visible check (tests/test_example.py shows it on the repos).
+    fails_visible = {"median": True, "slugify": False, "durations": False}
+    with duckdb.connect(str(home / "hangar.duckdb"), read_only=True) as con:
+        got = dict(
+            con.execute(
+                "select trial_key, passed from grades where experiment_id = ?", [experiment_id]
+            ).fetchall()
+        )
+    expected = {
+        TrialKey(variant, task, rep).key: passed
+        for variant in spec.variants
+        for task, results in predicted(spec, variant, fails_visible).items()
+        for rep, passed in enumerate(results, start=1)
+    }
+    assert got == expected
 
 
 def test_every_stage_is_a_successful_dagster_run_with_partition_materializations(

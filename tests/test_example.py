@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,10 @@ import yaml
 from hangar_dagster.experiment.harness import freeze, load_lock
 from hangar_dagster.experiment.plan import TrialKey
 from hangar_dagster.experiment.spec import ExperimentSpec, load_spec
+from hangar_dagster.experiment.submit import submit
+from hangar_dagster.results.report import Stored, report_of
+from hangar_dagster.results.summary import headline
+from hangar_dagster.settings import Settings
 from hangar_dagster.standins.agent_main import (
     Session,
     decide,
@@ -21,10 +26,11 @@ from hangar_dagster.standins.agent_main import (
     solve_rate,
 )
 from hangar_dagster.util.gitrepo import GitError, apply_patch, git, isolated_clone
+from tests import factories as f
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "skills-ab"
-TASKS = ("median", "slugify", "durations")
-
+sys.path.insert(0, str(EXAMPLE))
+from make_repos import TASKS  # noqa: E402  the ten tasks, as make_repos.py builds them
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("hangar_home")]
 
@@ -36,8 +42,18 @@ def make_repos(out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def repos(example_dir: Path) -> Path:
-    return example_dir / "repos"  # built by make_repos.py in conftest's copy of the example
+def whole_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example copied whole, every task's repo built (conftest's ``example_dir`` is cut to
+    three tasks x three trials; this module is about the whole example)."""
+    dest = tmp_path_factory.mktemp("whole") / "skills-ab"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+    make_repos(dest / "repos")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def repos(whole_example: Path) -> Path:
+    return whole_example / "repos"
 
 
 @pytest.fixture(scope="module")
@@ -55,33 +71,37 @@ def clone_at_base(repos: Path, task: str, dest: Path) -> Path:
     return dest
 
 
-def hidden_run(repo: Path, task: str, tmp: Path) -> int:
-    """pytest's exit code for the task's hidden tests, copied beside the repo, repo on sys.path."""
-    hidden = tmp / "hidden"
-    shutil.copytree(EXAMPLE / "fixtures" / task / "hidden", hidden)
+def pytest_over_tasks(root: Path, dirs: dict[str, Path], repos: list[Path]) -> dict[str, str]:
+    """One pytest process over every task's test directory (``dirs``: task -> its folder under
+    ``root``), each task's repo on sys.path; per task "passed", "failed" or "error".
+
+    One process for all ten tasks, not one per task: the module and test file names differ
+    between tasks, and pytest's start-up is most of each run."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(hidden)],
-        cwd=tmp,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1"},
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"]
+        + [str(d.relative_to(root)) for d in dirs.values()],
+        cwd=root,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": os.pathsep.join(map(str, repos)),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # plain pytest: half the start-up
+        },
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 2-5: not a test result
-    return proc.returncode
-
-
-def visible_run(repo: Path) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=repo,
-        env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    return proc.returncode
+    seen: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        word, _, nodeid = line.partition(" ")
+        if word in ("PASSED", "FAILED", "ERROR"):
+            seen.setdefault(nodeid.split("/")[0], set()).add(word)
+    out = {}
+    for task in dirs:
+        words = seen.get(task, set())
+        assert words, f"{task}: no test ran\n{proc.stdout}{proc.stderr}"
+        out[task] = "error" if "ERROR" in words else "failed" if "FAILED" in words else "passed"
+    return out
 
 
 def apply_edits(repo: Path, task: str, kind: str) -> None:
@@ -122,41 +142,62 @@ def test_a_trial_clone_cannot_reach_the_later_fix(repos: Path, tmp_path: Path) -
     assert git("remote", cwd=clone).strip() == ""
 
 
+@pytest.fixture(scope="module")
+def ran(repos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """Every task's hidden tests on its base, with its reference patch, with the playbook's fix
+    and with its wrong edits; and its visible tests with the fix and the wrong edits:
+    ``ran["<state> hidden|visible"][task]`` is "passed", "failed" or "error"."""
+    root = tmp_path_factory.mktemp("states")
+    clones: dict[str, dict[str, Path]] = {}
+    for state in ("base", "reference", "fix", "wrong"):
+        for task in TASKS:
+            repo = root / state / task / "repo"
+            if state == "base":
+                clone_at_base(repos, task, repo)
+            else:  # a copy of the base clone: one clone per task, not four
+                shutil.copytree(clones["base"][task], repo, symlinks=True)
+            if state == "reference":
+                apply_patch(repo, (EXAMPLE / "fixtures" / task / "reference.diff").read_text())
+            elif state in ("fix", "wrong"):
+                apply_edits(repo, task, state)
+            shutil.copytree(EXAMPLE / "fixtures" / task / "hidden", root / state / task / "hidden")
+            clones.setdefault(state, {})[task] = repo
+    out = {}
+    for state, repo_of in clones.items():
+        where = root / state
+        hidden = {t: where / t / "hidden" for t in TASKS}
+        out[f"{state} hidden"] = pytest_over_tasks(where, hidden, list(repo_of.values()))
+        if state in ("fix", "wrong"):
+            visible = {t: repo_of[t] / "tests" for t in TASKS}
+            out[f"{state} visible"] = pytest_over_tasks(where, visible, list(repo_of.values()))
+    return out
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_hidden_tests_fail_on_base_and_pass_with_the_reference(
-    task: str, repos: Path, tmp_path: Path
+    task: str, ran: dict[str, dict[str, str]]
 ) -> None:
-    base = clone_at_base(repos, task, tmp_path / "base" / "repo")
-    assert hidden_run(base, task, tmp_path / "base") == 1
-    fixed = clone_at_base(repos, task, tmp_path / "fixed" / "repo")
-    apply_patch(fixed, (EXAMPLE / "fixtures" / task / "reference.diff").read_text())
-    assert hidden_run(fixed, task, tmp_path / "fixed") == 0
+    assert ran["base hidden"][task] == "failed"
+    assert ran["reference hidden"][task] == "passed"
 
 
 # --- the stand-in's playbook against the repos ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def wrong_fails_visible(repos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bool]:
+def wrong_fails_visible(ran: dict[str, dict[str, str]]) -> dict[str, bool]:
     """Per task, whether the playbook's wrong edits fail the visible check (allowing a retry)."""
-    result = {}
-    for task in TASKS:
-        repo = clone_at_base(repos, task, tmp_path_factory.mktemp(task) / "repo")
-        apply_edits(repo, task, "wrong")
-        result[task] = visible_run(repo) != 0
-    return result
+    assert set(ran["wrong visible"].values()) <= {"passed", "failed"}
+    return {task: ran["wrong visible"][task] == "failed" for task in TASKS}
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_playbook_fix_passes_and_wrong_fails_the_hidden_tests(
-    task: str, repos: Path, tmp_path: Path
+    task: str, ran: dict[str, dict[str, str]]
 ) -> None:
-    for kind, hidden_code in (("fix", 0), ("wrong", 1)):
-        repo = clone_at_base(repos, task, tmp_path / kind / "repo")
-        apply_edits(repo, task, kind)
-        assert hidden_run(repo, task, tmp_path / kind) == hidden_code, kind
-        if kind == "fix":
-            assert visible_run(repo) == 0
+    assert ran["fix hidden"][task] == "passed"
+    assert ran["fix visible"][task] == "passed"
+    assert ran["wrong hidden"][task] == "failed"
 
 
 def test_some_wrong_edits_overfit_and_some_fail_the_visible_check(
@@ -164,37 +205,67 @@ def test_some_wrong_edits_overfit_and_some_fail_the_visible_check(
 ) -> None:
     # Overfitting (visible passes, hidden fails) is the case the hidden tests exist for;
     # a failing visible check exercises the stand-in's second try.
-    assert wrong_fails_visible == {"median": True, "slugify": False, "durations": False}
+    expected = {t: t in ("median", "dedupe") for t in TASKS}
+    assert wrong_fails_visible == expected
 
 
-def expected_passes(spec: ExperimentSpec, variant: str, fails_visible: dict[str, bool]) -> int:
-    """Trials of ``variant`` whose final edits are the fix, with the runner's attempt-1 seeds."""
+def predicted(
+    spec: ExperimentSpec, variant: str, fails_visible: dict[str, bool]
+) -> dict[str, list[bool]]:
+    """Per task, whether each trial of ``variant`` ends with the fix's edits (and so passes the
+    hidden tests, as the playbook test shows), from the runner's attempt-1 seeds."""
     lock = load_lock(EXAMPLE / "harnesses", str(spec.variants[variant].harness_lock))
     skills = {p.parent.name: p.read_text() for p in lock.skills_dir.glob("*/SKILL.md")}
     rate = solve_rate(lock.config, skills)
-    passes = 0
+    out: dict[str, list[bool]] = {}
     for task in spec.tasks:
         for rep in range(1, spec.trials + 1):
             seed = f"{spec.name}:{TrialKey(variant, task.id, rep).key}:1"
             retried = fails_visible[task.id] and decide_retry(seed, rate)
-            passes += decide(seed, rate) or retried
-    return passes
+            out.setdefault(task.id, []).append(decide(seed, rate) or retried)
+    return out
 
 
 def test_the_skill_variant_passes_clearly_more_often(
     spec: ExperimentSpec, wrong_fails_visible: dict[str, bool]
 ) -> None:
-    plain = expected_passes(spec, "plain", wrong_fails_visible)
-    skill = expected_passes(spec, "skill", wrong_fails_visible)
-    assert (plain, skill) == (4, 7)  # of 9 each; examples/skills-ab/README.md says so
+    plain = predicted(spec, "plain", wrong_fails_visible)
+    skill = predicted(spec, "skill", wrong_fails_visible)
+    passes = (sum(map(sum, plain.values())), sum(map(sum, skill.values())))
+    assert passes == (14, 37)  # of 40 each; examples/skills-ab/README.md says so
+
+
+def test_the_readme_reads_what_the_example_gives(
+    spec: ExperimentSpec,
+    wrong_fails_visible: dict[str, bool],
+    whole_example: Path,
+) -> None:
+    # The predicted outcomes as trials and grades: the lines `run --wait` and `get` print
+    # under the summary are the README's, word for word.
+    exp = submit(whole_example / "experiment.yaml", Settings.from_env())
+    trials, grades = [], []
+    for variant in ("plain", "skill"):
+        for task, results in predicted(spec, variant, wrong_fails_visible).items():
+            for rep, passed in enumerate(results, start=1):
+                eid, pin = exp.experiment_id, exp.variants[variant].pin_set
+                trials.append(f.trial(variant, task, rep, 1, experiment_id=eid, pin_set=pin))
+                grades.append(f.grade(variant, task, rep, 1, passed=passed, experiment_id=eid))
+    checks = {t: f.base_check(t, experiment_id=exp.experiment_id) for t in exp.tasks}
+    report = report_of(exp, Stored("sha256:x", trials, trials, grades, (), checks, {}))
+    skill = report.variant("skill")
+    assert skill.verdict == "shown" and skill.difference is not None
+    assert skill.difference.p_value < 0.05 and skill.difference.low_pts >= 20
+    readme = " ".join((EXAMPLE / "README.md").read_text().split())
+    for line in headline(report):
+        assert " ".join(line.split()) in readme, line
 
 
 # --- harnesses and spec ---------------------------------------------------------------------
 
 
 def test_spec_loads_and_points_at_existing_files(spec: ExperimentSpec) -> None:
-    assert spec.name == "skills-ab" and spec.trials == 3 and spec.parallel == 3
-    assert [t.id for t in spec.tasks] == list(TASKS)
+    assert spec.name == "skills-ab" and spec.trials == 4 and spec.parallel == 3
+    assert [t.id for t in spec.tasks] == list(TASKS) and len(TASKS) == 10
     assert spec.grader.command == "hangar-grade pytest -q"
     for task in spec.tasks:
         assert task.repo == f"repos/{task.id}" and task.base == "base"
@@ -223,4 +294,4 @@ def test_checked_in_locks_are_fresh_and_differ_only_by_the_skill(
     for name in ("playbook.yaml", "instructions.md"):
         assert (plain_src / name).read_text() == (skill_src / name).read_text()
     skill_md = (skill_src / "skills" / "general-fix" / "SKILL.md").read_text()
-    assert yaml.safe_load(skill_md.split("---")[1])["standin_solve_rate_bonus"] == 0.4
+    assert yaml.safe_load(skill_md.split("---")[1])["standin_solve_rate_bonus"] == 0.6

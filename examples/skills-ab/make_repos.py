@@ -24,7 +24,18 @@ from hangar_dagster.util.gitrepo import git
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
-TASKS = ("median", "slugify", "durations")
+TASKS = (
+    "median",
+    "slugify",
+    "durations",
+    "leap-year",
+    "chunked",
+    "word-count",
+    "dedupe",
+    "versions",
+    "flatten",
+    "csv-line",
+)
 # Fixed dates (besides gitrepo's fixed identity) make the commit SHAs reproducible.
 BASE_DATE = "2026-01-05T09:00:00+00:00"
 LATER_DATE = "2026-01-12T09:00:00+00:00"
@@ -79,10 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-reference", action="store_true", help="rewrite fixtures/<task>/reference.diff"
     )
+    parser.add_argument(
+        "--task",
+        action="append",
+        choices=TASKS,
+        help="build only this task's repo (repeatable; default: every task)",
+    )
     args = parser.parse_args(argv)
     # No system or user git config: a signing key or autocrlf there would change the SHAs.
     os.environ["GIT_CONFIG_GLOBAL"] = os.devnull
-    for task in TASKS:
+    for task in args.task or TASKS:
         repo = make_repo(task, args.out.resolve())
         if args.write_reference:
             (FIXTURES / task / "reference.diff").write_text(reference_diff(repo))

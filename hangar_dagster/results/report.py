@@ -23,7 +23,13 @@ from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedVariant
 from hangar_dagster.queue.retries import EvidenceClass, evidence_class
 from hangar_dagster.results import stats
 from hangar_dagster.results.readback import Arm, Number, Page, readback
-from hangar_dagster.results.records import GradeRecord, GradeTestRecord, PinSetRecord, TrialRecord
+from hangar_dagster.results.records import (
+    BaseCheckRecord,
+    GradeRecord,
+    GradeTestRecord,
+    PinSetRecord,
+    TrialRecord,
+)
 from hangar_dagster.results.report_trials import (
     TRIALS_DIR,
     Evidence,
@@ -501,20 +507,50 @@ def counted_outcomes(exp: ResolvedExperiment, store: Store) -> dict[str, dict[st
     return {name: out for name in exp.variants if (out := outcomes(rows, name))}
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What the report reads of one experiment, as the store returns it."""
+
+    spec_digest: str
+    trials: Sequence[TrialRecord]  # each key's attempt that counts (the highest)
+    attempts: Sequence[TrialRecord]  # every attempt, retried ones too
+    grades: Sequence[GradeRecord]  # the grades of the attempts that count
+    tests: Sequence[GradeTestRecord]  # per-test rows of every graded attempt
+    base_checks: Mapping[str, BaseCheckRecord]
+    pins: Mapping[str, PinSetRecord]  # variant -> its pin set
+
+    @classmethod
+    def read(cls, exp: ResolvedExperiment, store: Store) -> Stored:
+        eid = exp.experiment_id
+        record = store.experiment(eid)
+        return cls(
+            spec_digest=record.spec_digest if record is not None else "(not stored)",
+            trials=store.trials(eid),
+            attempts=store.trials(eid, all_attempts=True),
+            grades=store.grades(eid),
+            tests=store.grade_tests(eid),
+            base_checks=store.base_checks(eid),
+            pins=store.pins(eid),
+        )
+
+
 def build_report(exp: ResolvedExperiment, store: Store) -> Report:
+    return report_of(exp, Stored.read(exp, store))
+
+
+def report_of(exp: ResolvedExperiment, stored: Stored) -> Report:
+    """The report from what was read (``Stored``): no store, and no I/O but the lock
+    directories the Changed lines list (tests/test_example.py reports on predicted outcomes)."""
     eid = exp.experiment_id
     spec = exp.spec
-    record = store.experiment(eid)
-    spec_digest = record.spec_digest if record is not None else "(not stored)"
-    trials = store.trials(eid)
-    attempts = store.trials(eid, all_attempts=True)
-    grades = {g.trial_key: g for g in store.grades(eid)}
+    spec_digest = stored.spec_digest
+    trials, attempts, pins = stored.trials, stored.attempts, stored.pins
+    grades = {g.trial_key: g for g in stored.grades}
     tests: dict[tuple[str, int], list[GradeTestRecord]] = {}
-    for t in store.grade_tests(eid):
+    for t in stored.tests:
         tests.setdefault((t.trial_key, t.attempt), []).append(t)
-    invalid = {t: c.reason for t, c in store.base_checks(eid).items() if c.invalid}
+    invalid = {t: c.reason for t, c in stored.base_checks.items() if c.invalid}
     rows = _rows(trials, grades, tests, invalid)
-    pins = store.pins(eid)
     baseline = spec.baseline if spec.baseline in exp.variants else None
     min_effect = spec.decide.min_effect_pts if spec.decide is not None else None
     setups = {n: _setup(v, pins.get(n)) for n, v in exp.variants.items()}
