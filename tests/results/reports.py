@@ -18,7 +18,8 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 
-# The demo's outcomes (examples/skills-ab/README.md): plain 4 of 9, skill 7 of 9.
+# The example's outcomes when it had 3 tasks x 3 trials (the cut tests/conftest.py's
+# copy_example makes): plain 4 of 9, skill 7 of 9, an undecided difference.
 DEMO: dict[str, dict[str, Sequence[bool]]] = {
     "plain": {
         "median": [True, True, False],
