@@ -136,7 +136,17 @@ class Deployment:
         return ids
 
     def logs(self) -> str:
-        return self.compose("logs", "--no-color", "--tail", "60", check=False).stdout[-6000:]
+        """The services' last lines, Dagster's beta/preview warnings (three lines each) left out."""
+        out = self.compose("logs", "--no-color", "--tail", "200", check=False).stdout
+        kept, skip = [], 0
+        for line in out.splitlines():
+            if "Warning:" in line:
+                skip = 3
+            if skip:
+                skip -= 1
+                continue
+            kept.append(line)
+        return "\n".join(kept)[-8000:]
 
     def down(self) -> None:
         """Everything of this project removed, run workers included; then its image tags."""
