@@ -4,12 +4,16 @@
         [--mode embedded|ducklake|both] [--full-upto 10000]
 
 Per size, one experiment holds that many trial attempts (4 variants; one key in 25 an
-infra_error retried by a completed attempt 2; traces of 40 events), loaded in batches straight
+infra_error retried by a completed attempt 2, one in 50 ended in drift and one in 100 out of
+retries, both left as they are, and 3 keys open for a retry at the end: ``_rows``; traces of 40
+events), loaded in batches straight
 into the engine (the embedded DuckDB file, or the DuckLake through SQL), then the tally is
 built from those rows (``Store.rebuild_tally``, what a home from before the tally gets). Then,
 as medians of ``--repeat`` calls: ``queue.starts.blocker`` (window, monthly budgets, breaker,
 retry cap), ``next_attempt``, ``tokens_finished_since`` (the TPM throttle's question), and,
-as the median of 9, one ``Store.put`` of a new trial through the whole write path. For sizes up
+as the median of 9, one ``Store.put`` of a new trial through the whole write path; then
+``blocker`` again while another thread stores trials without pause (a trials run's other slots:
+the check takes no lock a put holds). For sizes up
 to ``--full-upto`` it also times the full recomputation the start check did before the tally
 (every attempt's full row, JSON decoded, then the same rules), for the ratio. The ducklake mode
 starts a private Postgres cluster (as the tests do: initdb in a temp dir, Unix socket only).
@@ -23,6 +27,7 @@ import datetime as dt
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,34 +64,54 @@ def _trace() -> dict[str, Any]:
 
 
 def _rows(n: int) -> pa.Table:
-    """``n`` attempts of EXP: keys v<i%4>/t<i//4>/1; every 25th key failed once, then passed."""
+    """``n`` attempts of EXP, keys v<k%4>/t<k//4>/1, one a second. Every 25th key failed once
+    (preempted) and passed on attempt 2; every 50th ended in drift (never retried) and every
+    100th ran out of retries (rate_limit three times): both stay the highest attempt of their
+    key, so they grow with ``n``; the last 3 keys end in a preemption not yet retried (open,
+    counted toward the cap, and the breaker's streak)."""
     template = BY_NAME["trials"].to_row(f.trial(trace=_trace(), cost_usd=0.001))
     out = []
     i = key = 0
-    while len(out) < n:
-        variant, task = f"v{key % VARIANTS}", f"t{key // VARIANTS}"
-        tries = 2 if key % 25 == 0 else 1
-        for attempt in range(1, tries + 1):
-            at = f.T0 + dt.timedelta(seconds=i)
-            failed = attempt < tries
-            out.append(
-                template
-                | dict(
-                    experiment_id=EXP,
-                    trial_key=f"{variant}/{task}/1",
-                    variant=variant,
-                    task=task,
-                    attempt=attempt,
-                    run_id=f"run-{i}",
-                    started_at=at - dt.timedelta(seconds=30),
-                    finished_at=at,
-                    outcome_class="infra_error" if failed else "completed",
-                    infra_reason="preempted" if failed else None,
-                )
+
+    def add(variant: str, task: str, attempt: int, reason: str | None) -> None:
+        nonlocal i
+        at = f.T0 + dt.timedelta(seconds=i)
+        out.append(
+            template
+            | dict(
+                experiment_id=EXP,
+                trial_key=f"{variant}/{task}/1",
+                variant=variant,
+                task=task,
+                attempt=attempt,
+                run_id=f"run-{i}",
+                started_at=at - dt.timedelta(seconds=30),
+                finished_at=at,
+                outcome_class="completed" if reason is None else "infra_error",
+                infra_reason=reason,
             )
-            i += 1
+        )
+        i += 1
+
+    while len(out) + 7 <= n:  # room for a key's 3 attempts, a measurement and the open keys
+        variant, task = f"v{key % VARIANTS}", f"t{key // VARIANTS}"
+        if key % 100 == 13:
+            reasons: list[str | None] = ["rate_limit"] * 3
+        elif key % 50 == 7:
+            reasons = ["drift"]
+        elif key % 25 == 0:
+            reasons = ["preempted", None]
+        else:
+            reasons = [None]
+        for attempt, reason in enumerate(reasons, 1):
+            add(variant, task, attempt, reason)
         key += 1
-    return pa.Table.from_pylist(out[:n], schema=BY_NAME["trials"].arrow_schema())
+    while len(out) < n - 3:  # measurements: the last one ends any earlier streak
+        add(f"v{key % VARIANTS}", f"t{key // VARIANTS}", 1, None)
+        key += 1
+    for j in range(3):
+        add("v0", f"open{j}", 1, "preempted")
+    return pa.Table.from_pylist(out, schema=BY_NAME["trials"].arrow_schema())
 
 
 def load(con: duckdb.DuckDBPyConnection, n: int, chunk: int = 20_000) -> None:
@@ -125,6 +150,8 @@ def measure(store: Store, n: int, repeat: int, full_upto: int) -> dict[str, floa
         spec=SimpleNamespace(trials=1),
     )
     assert blocker(exp, store, settings, NOW) is None  # nothing blocks: the whole check runs
+    state = store.start_state(EXP, settings.infra_retries)
+    assert (len(state.streak), state.open_counted) == (3, 3), state
     assert store.next_attempt(EXP, "v0/t0/1") == 3
     out = {
         "blocker_ms": median_ms(lambda: blocker(exp, store, settings, NOW), repeat),
@@ -134,10 +161,43 @@ def measure(store: Store, n: int, repeat: int, full_upto: int) -> dict[str, floa
         ),
     }
     counter = iter(range(10**6))
-    out["put_ms"] = median_ms(
-        lambda: store.put(f.trial("put", f"p{next(counter)}", experiment_id=EXP, trace=_trace())),
-        9,
-    )
+    early = f.T0 - dt.timedelta(days=1)  # before every loaded attempt: no rule's answer moves
+
+    def put(on: Store) -> None:
+        on.put(
+            f.trial(
+                "put",
+                f"p{next(counter)}",
+                experiment_id=EXP,
+                trace=_trace(),
+                started_at=early - dt.timedelta(seconds=30),
+                finished_at=early,
+            )
+        )
+
+    out["put_ms"] = median_ms(lambda: put(store), 9)
+    # The check while another thread of the process stores trials (as a trials run's slots
+    # do): it takes no lock a put holds, so it does not wait for the writes.
+    stop = threading.Event()
+    writer = Store(store.paths)
+
+    def write() -> None:
+        while not stop.is_set():
+            put(writer)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        out["blocker_ms_during_puts"] = median_ms(
+            lambda: blocker(exp, store, settings, NOW), repeat
+        )
+    finally:
+        stop.set()
+        thread.join()
+        if isinstance(writer, LakeStore):
+            writer.close()
+    assert blocker(exp, store, settings, NOW) is None
     if n <= full_upto:
         out["full_recompute_ms"] = median_ms(lambda: full_check(store, settings), 3)
     return out

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import RESOLVED, load_resolved
 from hangar_dagster.settings import HangarPaths
+from hangar_dagster.util.fs import fsync
 
 ARCHIVED = "archived.json"
 
@@ -48,14 +49,6 @@ def read_archived(paths: HangarPaths, experiment_id: str) -> Archived | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_archived(paths: HangarPaths, record: Archived) -> None:
     """Write the marker atomically: a reader sees no file or the whole file, never half."""
     path = marker(paths, record.experiment_id)
@@ -69,7 +62,7 @@ def write_archived(paths: HangarPaths, record: Archived) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync(path.parent)
 
 
 def remove_archived(paths: HangarPaths, experiment_id: str) -> bool:
@@ -79,7 +72,7 @@ def remove_archived(paths: HangarPaths, experiment_id: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    _fsync_dir(path.parent)
+    fsync(path.parent)
     return True
 
 

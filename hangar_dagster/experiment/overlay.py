@@ -259,8 +259,11 @@ def record_pins(exp: ResolvedExperiment, store: Store, run_id: str) -> list[str]
     another digest pins nothing (its drift says why). Returns what happened, for
     the run's log.
     """
+    overlay = [v for v in exp.variants.values() if v.overlay]
+    if not overlay:
+        return []  # called after every finished trial: no store read when nothing can pin
     pinned = store.pins(exp.experiment_id)
-    todo = [v for v in exp.variants.values() if v.overlay and v.name not in pinned]
+    todo = [v for v in overlay if v.name not in pinned]
     if not todo:
         return []
     trials = store.trials(exp.experiment_id, all_attempts=True)

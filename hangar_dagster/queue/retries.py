@@ -136,6 +136,12 @@ class RetryPlan:
     cap_reached: str | None = None
 
 
+def cap_room(counted: int, planned_trials: int) -> int:
+    """Counted retries the experiment may still start: ``plan_from_latest`` stops (and the
+    cap is reached) exactly when more keys wait for a counted retry than this."""
+    return max(0, experiment_retry_cap(planned_trials) - counted)
+
+
 def _by_key(attempts: Sequence[AttemptLike]) -> dict[str, dict[int, AttemptLike]]:
     """Attempts per trial key; refuses attempts of several experiments or a repeated attempt."""
     experiments = sorted({t.experiment_id for t in attempts})

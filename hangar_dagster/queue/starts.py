@@ -29,11 +29,17 @@ from dataclasses import dataclass, field
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.queue import budget
-from hangar_dagster.queue.retries import Retry, breaker_note, plan_from_latest, plan_retries
+from hangar_dagster.queue.retries import (
+    Retry,
+    breaker_note,
+    cap_room,
+    plan_from_latest,
+    plan_retries,
+)
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.records import NoteRecord
 from hangar_dagster.results.store import Store
-from hangar_dagster.results.tally import Attempt
+from hangar_dagster.results.tally import Attempt, StartState
 from hangar_dagster.settings import TPM_BUDGET_VAR, Settings
 
 QUEUE_TAG = "hangar/queue"
@@ -177,16 +183,27 @@ def blocker(
     spent = budget.start_blocker(store, exp.author, now, settings.caps)
     if spent:
         return spent
-    state = store.start_state(exp.experiment_id)
-    outage = breaker_note(state.after_measured, settings.breaker_streak)
+    per_key = settings.infra_retries
+    state = store.start_state(exp.experiment_id, per_key)
+    outage = breaker_note(state.streak, settings.breaker_streak)
     if outage:
         return f"outage: {outage}"
-    capped = plan_from_latest(
-        state.latest_infra, state.counted_retries, planned_trials(exp), settings.infra_retries
-    ).cap_reached
+    capped = cap_reached(store, exp.experiment_id, state, planned_trials(exp), per_key)
     if capped:
         return f"retry_cap: {capped}"
     return None
+
+
+def cap_reached(
+    store: Store, experiment_id: str, state: StartState, planned: int, per_key: int
+) -> str | None:
+    """``plan_retries(...).cap_reached`` from the tally: the open keys are read (to name them)
+    only when they outnumber the counted retries the cap still allows."""
+    if state.open_counted <= cap_room(state.counted_retries, planned):
+        return None
+    return plan_from_latest(
+        store.open_infra(experiment_id, per_key), state.counted_retries, planned, per_key
+    ).cap_reached
 
 
 def open_schedule_name(experiment_id: str) -> str:

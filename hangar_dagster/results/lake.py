@@ -28,20 +28,21 @@ from typing import Any
 
 import duckdb
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
+import psycopg2.extras
 import pyarrow as pa
 
 from hangar_dagster.results.records import GradeRecord, Record
 from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
 from hangar_dagster.results.store import Store, _rows
+from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.results.tally import (
-    DDL,
     TRIAL_COLUMNS,
     Cursor,
     TallySQL,
     trial_row,
 )
-from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.util.digests import sha256_json
 
@@ -54,11 +55,25 @@ INLINE_ROWS = 1000
 # A process flushes inlined rows after this many puts of its own (compact stays callable).
 FLUSH_EVERY = 500
 _RETRIES = 50
-_SQL = TallySQL(psycopg2.paramstyle)
+
+
+def _execute_values(cur: Cursor, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    psycopg2.extras.execute_values(cur, sql, rows, page_size=1000)
+
+
+_SQL = TallySQL(psycopg2.paramstyle, values=_execute_values)
 # A trial whose tally row was reserved this long ago but never applied: its writer died between
 # its DuckLake commit and the tally (or before the commit); a start check settles it.
 UNAPPLIED_STALE_S = 60.0
 _TALLY_LOCK = 0x68616E67  # pg_advisory_xact_lock key of the tally's schema and rebuild
+# A start check settles stale unapplied marks at most this often (per Store).
+SETTLE_EVERY_S = 5.0
+# The first of the two advisory-lock keys a put holds on its record's key (the second is the
+# key's hash); the two-key space does not overlap _TALLY_LOCK's one-key space.
+_KEY_LOCKS = 0x6B657973
+_KEYS_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {KEYS} (tbl TEXT NOT NULL, k TEXT NOT NULL, PRIMARY KEY (tbl, k))"
+)
 _UNAPPLIED_DDL = (
     "CREATE TABLE IF NOT EXISTS tally_unapplied (experiment_id TEXT NOT NULL, "
     "trial_key TEXT NOT NULL, attempt BIGINT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now(), "
@@ -124,7 +139,10 @@ class LakeStore(Store):
         # the tally's Postgres connections, one per thread (results/tally.py)
         self._pg_local = threading.local()
         self._pg_all: list[psycopg2.extensions.connection] = []
+        self._pg_all_lock = threading.Lock()
         self._tally_ready = False
+        self._settled_at = -SETTLE_EVERY_S
+        self._any_trials = False
 
     # ---- connection ----------------------------------------------------------------------
 
@@ -144,25 +162,21 @@ class LakeStore(Store):
         try:
             con.execute("SET enable_progress_bar = false")
             con.execute(attach_sql(self.paths.store.catalog, data))
-            con.execute(f"ATTACH {_quote('postgres:' + self.paths.store.catalog)} AS pg")
             self._retrying(con, self._create_schema)
         except BaseException:
             con.close()
             raise
         return con
 
-    @staticmethod
-    def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
-        con.execute(
-            f"CREATE TABLE IF NOT EXISTS pg.{KEYS} "
-            "(tbl TEXT NOT NULL, k TEXT NOT NULL, PRIMARY KEY (tbl, k))"
-        )
+    def _create_schema(self, con: duckdb.DuckDBPyConnection) -> None:
         # The schema this code writes, by digest: a catalog made by an older hangar (a column
         # or a view added since) is brought level once, then every connect is one lookup.
-        if con.execute(
-            f"SELECT 1 FROM pg.{KEYS} WHERE tbl = ? AND k = ?", [_SCHEMA_TBL, SCHEMA_DIGEST]
-        ).fetchone():
-            return
+        with self._pg_tx() as cur:
+            cur.execute(
+                f"SELECT 1 FROM {KEYS} WHERE tbl = %s AND k = %s", [_SCHEMA_TBL, SCHEMA_DIGEST]
+            )
+            if cur.fetchone():
+                return
         existing = {
             r[0]
             for r in con.execute(
@@ -183,10 +197,11 @@ class LakeStore(Store):
         for view in VIEWS:
             con.execute(view)
         con.execute("COMMIT")
-        con.execute(
-            f"INSERT INTO pg.{KEYS} VALUES (?, ?) ON CONFLICT DO NOTHING",
-            [_SCHEMA_TBL, SCHEMA_DIGEST],
-        )
+        with self._pg_tx() as cur:
+            cur.execute(
+                f"INSERT INTO {KEYS} (tbl, k) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [_SCHEMA_TBL, SCHEMA_DIGEST],
+            )
 
     def _retrying(self, con: duckdb.DuckDBPyConnection, work: Any) -> Any:
         delay = 0.01
@@ -235,23 +250,21 @@ class LakeStore(Store):
             by_table.setdefault(BY_MODEL[type(r)].name, []).append(BY_MODEL[type(r)].to_row(r))
         for name, rows in by_table.items():
             table = BY_NAME[name]
-            keys = pa.table({"tbl": [name] * len(rows), "k": [self._key(table, r) for r in rows]})
-            with self._db() as con:
-                con.register("keys", keys)
+            keys = [self._key(table, r) for r in rows]
+            self._lock_keys(table, keys)
+            try:
                 try:
-                    con.execute(f"INSERT INTO pg.{KEYS} SELECT * FROM keys")
-                except duckdb.Error as e:
-                    if "duplicate key" not in str(e):
-                        raise
+                    self._reserve(table, keys, rows)
+                except psycopg2.errors.UniqueViolation:
                     reserved = False
                 else:
                     reserved = True
-                finally:
-                    con.unregister("keys")
-            if reserved:
-                batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-                self._stored(table, rows, lambda t=table, b=batch: self._retrying_insert(t, b))
-                continue
+                if reserved:
+                    batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
+                    self._stored(table, rows, lambda t=table, b=batch: self._retrying_insert(t, b))
+                    continue
+            finally:
+                self._unlock_keys(table, keys)
             for row in rows:  # a stored key among them: the one-by-one path says which
                 self._put_rows(table, [row])
 
@@ -264,33 +277,77 @@ class LakeStore(Store):
         cols = table.file_key or table.key
         return " AND ".join(f"{c} = ?" for c in cols), [row[c] for c in cols]
 
+    def _lock_keys(self, table: Table, keys: list[str]) -> None:
+        """Hold the keys' advisory locks (this thread's Postgres session) until _unlock_keys: a
+        writer that finds a key reserved waits here for its reserver to commit or die, so a
+        reservation without its row means the reserver is gone, never that it is mid-insert."""
+        with self._pg().cursor() as cur:  # session locks: outlive any transaction
+            cur.execute(
+                "SELECT pg_advisory_lock(%s, h) FROM (SELECT DISTINCT hashtext(%s || k) AS h "
+                "FROM unnest(%s::text[]) AS k ORDER BY h) AS keys",
+                [_KEY_LOCKS, table.name, keys],
+            )
+
+    def _unlock_keys(self, table: Table, keys: list[str]) -> None:
+        with self._pg().cursor() as cur:
+            cur.execute(
+                "SELECT pg_advisory_unlock(%s, h) FROM (SELECT DISTINCT hashtext(%s || k) AS h "
+                "FROM unnest(%s::text[]) AS k) AS keys",
+                [_KEY_LOCKS, table.name, keys],
+            )
+
+    def _reserve(self, table: Table, keys: list[str], rows: list[dict[str, Any]]) -> None:
+        """Reserve the keys (UniqueViolation: one is taken) and, for trials, mark them unapplied
+        in the tally, in one Postgres transaction before the DuckLake commit."""
+        with self._pg_tx() as cur:
+            if keys:
+                cur.execute(
+                    f"INSERT INTO {KEYS} (tbl, k) SELECT %s, unnest(%s::text[])",
+                    [table.name, keys],
+                )
+            if table.name == "trials":
+                self._mark_unapplied(cur, rows)
+
+    @staticmethod
+    def _mark_unapplied(cur: Cursor, rows: list[dict[str, Any]]) -> None:
+        cur.execute(
+            "INSERT INTO tally_unapplied (experiment_id, trial_key, attempt) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]) "
+            "ON CONFLICT (experiment_id, trial_key, attempt) DO UPDATE SET at = now()",
+            [
+                [r["experiment_id"] for r in rows],
+                [r["trial_key"] for r in rows],
+                [r["attempt"] for r in rows],
+            ],
+        )
+
     def _put_rows(self, table: Table, rows: list[dict[str, Any]]) -> None:
         batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-        where, params = self._where(table, rows[0])
-        with self._db() as con:
-            if table.on_duplicate != "append":
-                try:
-                    con.execute(
-                        f"INSERT INTO pg.{KEYS} VALUES (?, ?)",
-                        [table.name, self._key(table, rows[0])],
+        insert = lambda: self._retrying_insert(table, batch)  # noqa: E731
+        if table.on_duplicate == "append":
+            self._reserve(table, [], rows)
+            self._stored(table, rows, insert)
+            return
+        keys = [self._key(table, rows[0])]
+        self._lock_keys(table, keys)
+        try:
+            try:
+                self._reserve(table, keys, rows)
+            except psycopg2.errors.UniqueViolation:
+                where, params = self._where(table, rows[0])
+                stored = self._query(f"SELECT * FROM {table.name} WHERE {where} LIMIT 1", params)
+                if stored:
+                    if table.on_duplicate == "refuse":
+                        raise self.duplicate_error(table, rows[0], "the DuckLake store") from None
+                    self.check_same_content(
+                        table, self._encoded(table, stored[0]), rows[0], "the DuckLake store"
                     )
-                except duckdb.Error as e:
-                    if "duplicate key" not in str(e):
-                        raise
-                    stored = _rows(
-                        con.execute(f"SELECT * FROM {table.name} WHERE {where} LIMIT 1", params)
-                    )
-                    if stored:
-                        if table.on_duplicate == "refuse":
-                            raise self.duplicate_error(
-                                table, rows[0], "the DuckLake store"
-                            ) from None
-                        self.check_same_content(
-                            table, self._encoded(table, stored[0]), rows[0], "the DuckLake store"
-                        )
-                        return
-                    # a writer reserved the key and died before its insert: the key is free
-        self._stored(table, rows, lambda: self._retrying_insert(table, batch))
+                    return
+                # its reserver died before its insert (we hold its lock): the key is ours
+                self._reserve(table, [], rows)
+            self._stored(table, rows, insert)
+        finally:
+            self._unlock_keys(table, keys)
 
     def _retrying_insert(self, table: Table, batch: pa.Table) -> None:
         with self._db() as con:
@@ -298,21 +355,19 @@ class LakeStore(Store):
 
     def _stored(self, table: Table, rows: list[dict[str, Any]], insert: Any) -> None:
         """Run ``insert`` (the DuckLake commit) and keep the tally level with it: a trial's key
-        is marked unapplied first, applied after the commit, so a crash between is found."""
-        if table.name == "trials":
-            with self._pg_tx() as cur:
-                cur.executemany(
-                    "INSERT INTO tally_unapplied (experiment_id, trial_key, attempt) "
-                    "VALUES (%s, %s, %s) ON CONFLICT (experiment_id, trial_key, attempt) "
-                    "DO UPDATE SET at = now()",
-                    [(r["experiment_id"], r["trial_key"], r["attempt"]) for r in rows],
-                )
+        is marked unapplied first (``_reserve``), applied after the commit, so a crash between
+        is found. A failed insert gives its keys back."""
         try:
             insert()
         except BaseException:
-            if table.name == "trials":
-                with self._pg_tx() as cur:
+            with self._pg_tx() as cur:
+                if table.name == "trials":
                     self._forget_unapplied(cur, rows)
+                if table.on_duplicate != "append":
+                    cur.execute(
+                        f"DELETE FROM {KEYS} WHERE tbl = %s AND k = ANY(%s::text[])",
+                        [table.name, sorted({self._key(table, r) for r in rows})],
+                    )
             raise
         if table.name == "trials":
             with self._pg_tx() as cur:
@@ -324,10 +379,14 @@ class LakeStore(Store):
 
     @staticmethod
     def _forget_unapplied(cur: Cursor, rows: list[dict[str, Any]]) -> None:
-        cur.executemany(
-            "DELETE FROM tally_unapplied WHERE experiment_id = %s AND trial_key = %s "
-            "AND attempt = %s",
-            [(r["experiment_id"], r["trial_key"], r["attempt"]) for r in rows],
+        cur.execute(
+            "DELETE FROM tally_unapplied WHERE (experiment_id, trial_key, attempt) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[]))",
+            [
+                [r["experiment_id"] for r in rows],
+                [r["trial_key"] for r in rows],
+                [r["attempt"] for r in rows],
+            ],
         )
 
     @staticmethod
@@ -362,8 +421,9 @@ class LakeStore(Store):
                 c.execute("COMMIT")
 
             self._retrying(con, drop)
-            con.execute(
-                f"DELETE FROM pg.{KEYS} WHERE tbl = ? AND k = ?",
+        with self._pg_tx() as cur:
+            cur.execute(
+                f"DELETE FROM {KEYS} WHERE tbl = %s AND k = %s",
                 [tests.name, self._key(tests, grade_row)],
             )
 
@@ -409,12 +469,14 @@ class LakeStore(Store):
     # ---- the tally (results/tally.py), in the catalog's Postgres ---------------------------
 
     def _pg(self) -> psycopg2.extensions.connection:
-        """This thread's Postgres connection for the tally (no lock shared between threads)."""
+        """This thread's Postgres connection for the tally and the keys (no lock shared between
+        threads). Autocommit: a read is one round trip; ``_pg_tx`` brackets the writes."""
         con: psycopg2.extensions.connection | None = getattr(self._pg_local, "con", None)
         if con is None or con.closed:
             con = psycopg2.connect(self.paths.store.catalog)
-            self._pg_local.con = con
-            with self._lock:
+            con.autocommit = True
+            self._pg_local.con, self._pg_local.built = con, False
+            with self._pg_all_lock:  # not self._lock: _connect (under it) opens one too
                 self._pg_all.append(con)
         return con
 
@@ -423,35 +485,45 @@ class LakeStore(Store):
         """One Postgres transaction on this thread's connection, the tally's tables ready."""
         if not self._tally_ready:
             self._create_tally()
+        with self._transaction() as cur:
+            yield cur
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Cursor]:
         con = self._pg()
-        try:
-            with con.cursor() as cur:
+        with con.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
                 yield cur
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
+            except BaseException:
+                if not con.closed:
+                    cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
 
     def _create_tally(self) -> None:
-        con = self._pg()
-        try:
-            with con.cursor() as cur:
-                # one creator at a time: concurrent CREATE ... IF NOT EXISTS can still collide
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
-                for statement in (*DDL, _UNAPPLIED_DDL):
-                    cur.execute(statement)
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
+        with self._transaction() as cur:
+            # one creator at a time: concurrent CREATE ... IF NOT EXISTS can still collide
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_LOCK])
+            _SQL.create(cur)
+            cur.execute(_UNAPPLIED_DDL)
+            cur.execute(_KEYS_DDL)
         self._tally_ready = True
 
     @contextmanager
     def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
-        with self._pg_tx() as cur:
-            if not _SQL.built(cur):
-                self._build_tally(cur)
-            self._settle_unapplied(cur)
+        # once this thread's session saw it built, it stays so (a rebuild is one transaction)
+        if not getattr(self._pg_local, "built", False):
+            with self._pg_tx() as cur:
+                if not _SQL.built(cur):
+                    self._build_tally(cur)
+            self._pg_local.built = True
+        now = time.monotonic()
+        if now - self._settled_at > SETTLE_EVERY_S:
+            self._settled_at = now
+            with self._pg_tx() as cur:
+                self._settle_unapplied(cur)
+        with self._pg().cursor() as cur:  # autocommit: each question one round trip
             yield _SQL, cur
 
     def _build_tally(self, cur: Cursor) -> None:
@@ -466,6 +538,8 @@ class LakeStore(Store):
             [trial_row(r) for r in trials],
             [(r["experiment_id"], r["author"]) for r in authors],
         )
+        # fresh statistics: planned on none, the start check's index lookups become table scans
+        cur.execute(f"ANALYZE {', '.join(TALLY_TABLES)}")
         log.info("built the tally from %d trial attempt(s)", len(trials))
 
     def _settle_unapplied(self, cur: Cursor) -> None:
@@ -504,10 +578,13 @@ class LakeStore(Store):
             self._build_tally(cur)
 
     def _has_trials(self) -> bool:
-        # the tally knows, without a DuckLake query (tens of ms through the catalog)
-        with self._tally() as (_, cur):
-            cur.execute("SELECT 1 FROM tally_attempts LIMIT 1")
-            return cur.fetchone() is not None
+        # the tally knows, without a DuckLake query (tens of ms through the catalog); stored
+        # trials stay stored, so a yes is kept
+        if not self._any_trials:
+            with self._tally() as (_, cur):
+                cur.execute("SELECT 1 FROM tally_attempts LIMIT 1")
+                self._any_trials = cur.fetchone() is not None
+        return self._any_trials
 
     def close(self) -> None:
         with self._lock:

@@ -242,22 +242,34 @@ _OUTCOMES: tuple[str, ...] = get_args(OutcomeClass)
 _HIDDEN = ("total", "passed", "failed", "errors", "skipped")
 
 # The one place the "highest attempt of a trial key counts" rule lives: Python reads
-# of the latest trials/grades join this view, and variant_summary is built on it.
+# of the latest trials/grades join this view, and variant_summary is built on it. Written for a
+# million rows: an attempt is left out when a higher one of its key is stored, found in a narrow
+# aggregate over the retried keys only (attempt > 1: about a tenth), not by a window over the
+# joined wide rows; and a grade's hidden-test counts come from one parse of its JSON, not one
+# per count (docs/performance.md, "The results store at scale"; tests/results/test_views.py
+# checks both against the plain definitions).
 INDEX_VIEW = f"""CREATE OR REPLACE VIEW experiment_index AS
 SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
   g.passed, g.trust, g.hidden_tests,
-  {", ".join(f"CAST(g.hidden_tests->>'{k}' AS BIGINT) AS hidden_{k}" for k in _HIDDEN)},
+  {", ".join(f"CAST(g.hidden[{i}] AS BIGINT) AS hidden_{k}" for i, k in enumerate(_HIDDEN, 1))},
   (coalesce(g.task_invalid, false) OR coalesce(b.invalid, false)) AS task_invalid,
   g.contamination, g.tamper_signals,
   t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin,
   t.reused_from
 FROM trials t
-LEFT JOIN grades g
+ANTI JOIN (
+  SELECT experiment_id, trial_key, max(attempt) AS top FROM trials WHERE attempt > 1
+  GROUP BY experiment_id, trial_key
+) later
+  ON later.experiment_id = t.experiment_id AND later.trial_key = t.trial_key
+  AND t.attempt < later.top
+LEFT JOIN (
+  SELECT *, json_extract_string(hidden_tests, [{", ".join(f"'$.{k}'" for k in _HIDDEN)}]) AS hidden
+  FROM grades
+) g
   ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
-LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task
-QUALIFY row_number() OVER (
-  PARTITION BY t.experiment_id, t.trial_key ORDER BY t.attempt DESC) = 1"""
+LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task"""
 
 # retries.evidence_class in SQL (tests/queue/test_retries.py checks they agree): a ran trial
 # is an evidence failure without a grade, on an invalid task (its grade or its task's base
@@ -274,28 +286,32 @@ _FLAGGED = "passed AND coalesce(json_array_length(tamper_signals), 0) > 0"
 _COUNTED = f"NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE}) AND NOT ({_FLAGGED})"
 # pass_rate_pts is the report's rate: the mean over tasks of each task's share of counted
 # passes (stats.pass_rate), so the view and the report print the same number.
+# One pass over experiment_index: counts per task first (the rate's unit), then summed per
+# variant; each count is the per-task counts' sum, so the view's numbers are the row counts.
+_SUMMARY_COUNTS: tuple[tuple[str, str], ...] = (
+    ("trials", "true"),
+    ("passed", f"{_COUNTED} AND passed"),
+    ("graded", _COUNTED),
+    ("invalid_task", "task_invalid"),
+    *((o, f"outcome_class = '{o}'") for o in _OUTCOMES),
+    ("execution_failures", _EXECUTION_FAILURE),
+    ("evidence_failures", _EVIDENCE_FAILURE),
+    ("admissible", f"NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})"),
+    ("flagged_passes", _FLAGGED),
+)
 SUMMARY_VIEW = f"""CREATE OR REPLACE VIEW variant_summary AS
-WITH task_rates AS (
-  SELECT experiment_id, variant, task, avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) AS rate
-  FROM experiment_index WHERE {_COUNTED}
-  GROUP BY experiment_id, variant, task),
-rates AS (
-  SELECT experiment_id, variant, round(100 * avg(rate), 1) AS pass_rate_pts
-  FROM task_rates GROUP BY experiment_id, variant)
-SELECT i.experiment_id, i.variant,
-  count(*) AS trials,
-  count(*) FILTER (WHERE {_COUNTED} AND passed) AS passed,
-  count(*) FILTER (WHERE {_COUNTED}) AS graded,
-  any_value(r.pass_rate_pts) AS pass_rate_pts,
-  count(*) FILTER (WHERE task_invalid) AS invalid_task,
-  {", ".join(f"count(*) FILTER (WHERE outcome_class = '{o}') AS {o}" for o in _OUTCOMES)},
-  count(*) FILTER (WHERE {_EXECUTION_FAILURE}) AS execution_failures,
-  count(*) FILTER (WHERE {_EVIDENCE_FAILURE}) AS evidence_failures,
-  count(*) FILTER (WHERE NOT ({_EXECUTION_FAILURE}) AND NOT ({_EVIDENCE_FAILURE})) AS admissible,
-  count(*) FILTER (WHERE {_FLAGGED}) AS flagged_passes
-FROM experiment_index i
-LEFT JOIN rates r ON r.experiment_id = i.experiment_id AND r.variant = i.variant
-GROUP BY i.experiment_id, i.variant"""
+WITH per_task AS (
+  SELECT experiment_id, variant, task,
+    {", ".join(f"count(*) FILTER (WHERE {w}) AS n_{c}" for c, w in _SUMMARY_COUNTS)},
+    avg(CASE WHEN passed THEN 1.0 ELSE 0.0 END) FILTER (WHERE {_COUNTED}) AS rate
+  FROM experiment_index
+  GROUP BY experiment_id, variant, task)
+SELECT experiment_id, variant,
+  {", ".join(f"CAST(sum(n_{c}) AS BIGINT) AS {c}" for c, _ in _SUMMARY_COUNTS[:3])},
+  round(100 * avg(rate), 1) AS pass_rate_pts,
+  {", ".join(f"CAST(sum(n_{c}) AS BIGINT) AS {c}" for c, _ in _SUMMARY_COUNTS[3:])}
+FROM per_task
+GROUP BY experiment_id, variant"""
 
 # The monthly eval budget's ledger: every attempt costs money (infra errors too), so it reads
 # `trials`, not experiment_index; a cost counts in the UTC month its attempt finished in

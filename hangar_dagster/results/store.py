@@ -7,7 +7,8 @@ read methods here are written once, in SQL.
 
 The embedded backend: every record lands in one Parquet file (the truth) and in DuckDB.
 ``put`` writes a record's Parquet file atomically, then inserts the row into
-DuckDB. Should DuckDB be unreachable (an analyst holds it open read-write) or the
+DuckDB; the tables that grow with the trials are compacted as they grow (results/compaction.py:
+many records per file, the same crash rule). Should DuckDB be unreachable (an analyst holds it open read-write) or the
 process die in between, the Parquet file is already there and ``sync`` brings the
 row in; reads call a cheap check first, so they heal on their own. DuckDB is only
 ever opened for a moment, under a thread lock and an ``flock`` on a lock file next
@@ -36,6 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hangar_dagster.experiment.plan import TrialKey
+from hangar_dagster.results import local
+from hangar_dagster.results.compaction import Compactor
 from hangar_dagster.results.records import (
     BaseCheckRecord,
     ExperimentRecord,
@@ -57,6 +60,7 @@ from hangar_dagster.results.tally import (
     trial_row,
 )
 from hangar_dagster.settings import HangarPaths
+from hangar_dagster.util.fs import fsync
 
 log = logging.getLogger(__name__)
 
@@ -83,61 +87,15 @@ def _thread_lock(db: Path) -> threading.Lock:
 
 
 _SQL = TallySQL(sqlite3.paramstyle)
-_LOCAL = threading.local()
 # marker names whose rows this process already put in the tally (a marker stays while DuckDB is
 # out of reach; each start check would otherwise read its file again)
 _TALLIED: set[tuple[Path, str]] = set()
 _TALLIED_GUARD = threading.Lock()
 
 
-def _sqlite(path: Path) -> sqlite3.Connection:
-    """This thread's connection to the SQLite file at ``path`` (WAL: readers never wait).
-
-    Opened again when the file was replaced or removed (a rebuild), or after a fork.
-    """
-    if getattr(_LOCAL, "pid", None) != os.getpid():
-        _LOCAL.pid, _LOCAL.conns = os.getpid(), {}
-    conns: dict[Path, tuple[sqlite3.Connection, int]] = _LOCAL.conns
-    try:
-        inode = path.stat().st_ino
-    except FileNotFoundError:
-        inode = -1
-    held = conns.get(path)
-    if held is not None and held[1] == inode:
-        return held[0]
-    if held is not None:
-        held[0].close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path, timeout=60.0, isolation_level=None)
-    con.execute("PRAGMA journal_mode=WAL")
-    # FULL: a commit survives a power cut, so a journal marker removed after it never leaves
-    # the tally short of a row
-    con.execute("PRAGMA synchronous=FULL")
-    with _write(con) as cur:
-        _SQL.create(cur)
-    conns[path] = (con, path.stat().st_ino)
-    return con
-
-
-@contextmanager
-def _write(con: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
-    """One SQLite write transaction (taken at once: no upgrade deadlock between writers)."""
-    cur = con.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    try:
-        yield cur
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
-    cur.execute("COMMIT")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _tally_db(path: Path) -> sqlite3.Connection:
+    """This thread's connection to the tally's SQLite file, its tables made."""
+    return local.sqlite(path, lambda cur, _new: _SQL.create(cur))
 
 
 # A journal marker whose file never appeared is dropped after this long (its writer died
@@ -202,10 +160,16 @@ class Store:
         with self._tally() as (sql, cur):
             return sql.next_attempt(cur, experiment_id, trial_key)
 
-    def start_state(self, experiment_id: str) -> StartState:
-        """What the outage breaker and the retry cap need (queue/starts.py ``blocker``)."""
+    def start_state(self, experiment_id: str, per_key: int) -> StartState:
+        """What the outage breaker and the retry cap need (queue/starts.py ``blocker``);
+        ``per_key`` is the retries a key may have (``HANGAR_TRIAL_INFRA_RETRIES``)."""
         with self._tally() as (sql, cur):
-            return sql.start_state(cur, experiment_id)
+            return sql.start_state(cur, experiment_id, per_key)
+
+    def open_infra(self, experiment_id: str, per_key: int) -> list[Attempt]:
+        """The keys ``StartState.open_counted`` counts: their infra errors, oldest first."""
+        with self._tally() as (sql, cur):
+            return sql.open_infra(cur, experiment_id, per_key)
 
     def attempts(self, experiment_id: str) -> list[Attempt]:
         """Every trial attempt of the experiment, narrow (no trace or manifest)."""
@@ -487,6 +451,8 @@ class EmbeddedStore(Store):
         self.lock_file = paths.duckdb.with_name(paths.duckdb.name + ".lock")
         self._schema_ready = False
         self._fresh_db = False
+        self._compactor = Compactor(paths)
+        self._recovered = False
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -502,6 +468,9 @@ class EmbeddedStore(Store):
             raise TypeError(f"{type(record).__name__} is not a stored record type")
         row = table.to_row(record)
         self.check_trial_key(record)
+        if not self._recovered:  # a compaction killed mid-way is finished first (normally none)
+            self._compactor.recover()
+            self._recovered = True
         if isinstance(record, GradeRecord) and record.tests:
             # First: a grade in the store always has its per-test rows.
             self._drop_orphan_tests(row)
@@ -511,7 +480,10 @@ class EmbeddedStore(Store):
     def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
         """Remove the per-test rows of an attempt that has no grade: a crash between the two
         writes left them, and its regrade writes its own (no grade refers to the orphans)."""
-        if (self.paths.parquet / BY_NAME["grades"].relpath(grade_row)).exists():
+        grades = BY_NAME["grades"]
+        if (self.paths.parquet / grades.relpath(grade_row)).exists() or self._compactor.registered(
+            grades, grade_row
+        ):
             return  # graded: the second write is refused as a duplicate, tests and all
         tests = self.paths.parquet / BY_NAME["grade_tests"].relpath(grade_row)
         if not tests.exists():
@@ -548,8 +520,13 @@ class EmbeddedStore(Store):
         except StoreUnavailable as e:
             log.warning("%s; %s row kept in Parquet only until the next sync", e, table.name)
             return  # the marker stays: the next read brings the row in
-        if tallied:
-            marker.unlink(missing_ok=True)
+        if not tallied:
+            return
+        marker.unlink(missing_ok=True)
+        try:
+            self._compactor.after_put(table, rows[0])
+        except Exception as e:  # the record is stored; the next put's compaction catches up
+            log.warning("compaction of %s deferred: %s", table.name, e)
 
     def _mark(self, table: Table, row: dict[str, Any]) -> Path:
         """A journal entry naming the file about to be written (its relative path inside)."""
@@ -560,7 +537,7 @@ class EmbeddedStore(Store):
             fh.write(table.relpath(row))
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync(pending)
+        fsync(pending)
         return marker
 
     def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
@@ -570,13 +547,17 @@ class EmbeddedStore(Store):
         tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
         try:
             pq.write_table(batch, tmp)
-            _fsync(tmp)
+            fsync(tmp)
             try:
                 os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
             except FileExistsError:
                 self._check_duplicate(table, row, path)
                 return
-            _fsync(path.parent)
+            part = self._compactor.registered(table, row)
+            if part is not None:  # its first file was compacted (compaction.py, step 4)
+                path.unlink()
+                raise self.duplicate_error(table, row, str(self.paths.parquet / part))
+            fsync(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -755,7 +736,7 @@ class EmbeddedStore(Store):
         if table.name not in ("trials", "experiments"):
             return True
         try:
-            with _write(_sqlite(self.paths.tally)) as cur:
+            with local.write(_tally_db(self.paths.tally)) as cur:
                 if table.name == "trials":
                     _SQL.apply_trials(cur, [trial_row(r) for r in rows])
                 else:
@@ -794,7 +775,7 @@ class EmbeddedStore(Store):
 
     @contextmanager
     def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
-        con = _sqlite(self.paths.tally)
+        con = _tally_db(self.paths.tally)
         cur = con.cursor()
         if not _SQL.built(cur):
             self._build_tally(con)
@@ -809,7 +790,7 @@ class EmbeddedStore(Store):
         """
         trials = self._query(f"SELECT {', '.join(TRIAL_COLUMNS)} FROM trials", [])
         authors = self._query("SELECT experiment_id, author FROM experiments", [])
-        with _write(con) as cur:
+        with local.write(con) as cur:
             if not _SQL.built(cur):
                 _SQL.rebuild(
                     cur,
@@ -817,10 +798,14 @@ class EmbeddedStore(Store):
                     [(r["experiment_id"], r["author"]) for r in authors],
                 )
                 log.info("built the tally from %d trial attempt(s)", len(trials))
+        # A put that told the old tally before its DuckDB row was read above still has its
+        # journal marker: the heal that follows adds it again (keys count once).
+        with _TALLIED_GUARD:
+            _TALLIED.difference_update({k for k in _TALLIED if k[0] == self.paths.tally})
 
     def rebuild_tally(self) -> None:
-        con = _sqlite(self.paths.tally)
-        with _write(con) as cur:
+        con = _tally_db(self.paths.tally)
+        with local.write(con) as cur:
             for name in TALLY_TABLES:
                 cur.execute(f"DELETE FROM {name}")
         self._build_tally(con)
@@ -830,7 +815,9 @@ class EmbeddedStore(Store):
         return (self.paths.parquet / BY_NAME["trials"].name).is_dir()
 
     def compact(self) -> int:
-        return 0  # one file per record; see docs/data.md, "Small files"
+        """Merge every partition's small files into parts (results/compaction.py); each put
+        does it for its own partition once it holds COMPACT_AT small files."""
+        return self._compactor.compact()
 
 
 def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""File helpers shared by the trial runner and the grader."""
+"""File helpers shared by the trial runner, the grader and the results store."""
 
 from __future__ import annotations
 
@@ -6,6 +6,15 @@ import os
 import shutil
 import stat
 from pathlib import Path
+
+
+def fsync(path: Path) -> None:
+    """Flush ``path`` (a file, or a directory after a link, rename or unlink in it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, text: str) -> None:

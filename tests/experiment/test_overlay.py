@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from hangar_dagster.experiment.overlay import (
     build,
     first_finished,
     ran_harness_digest,
+    record_pins,
 )
 from hangar_dagster.experiment.spec import SpecError, Variant
 from hangar_dagster.experiment.submit import submit
@@ -269,3 +271,15 @@ def test_freeze_variants_without_a_finished_trial_names_the_variants(
     message = " ".join(froze.stderr.split())
     assert "no finished trial of overlay variant(s) base, careful, noskills" in message
     assert not out.exists() and not (tmp_path / "locked.yaml").exists()
+
+
+def test_recording_pins_reads_no_store_without_an_overlay_variant() -> None:
+    # called after every finished trial: an experiment of harness locks only costs nothing there
+    class NoReads:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the store was read: {name}")
+
+    exp: Any = SimpleNamespace(
+        experiment_id="e", variants={"a": SimpleNamespace(name="a", overlay=None)}
+    )
+    assert record_pins(exp, NoReads(), "run-1") == []  # type: ignore[arg-type]

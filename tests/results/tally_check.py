@@ -15,9 +15,9 @@ from hangar_dagster.queue.retries import (
     CAP_EXEMPT,
     NEVER_RETRIED,
     breaker_note,
-    plan_from_latest,
     plan_retries,
 )
+from hangar_dagster.queue.starts import cap_reached
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import Store
 
@@ -52,15 +52,36 @@ def mixed_attempts(experiment_id: str, keys: int, seed: int) -> list[TrialRecord
 
 
 def recomputed(attempts: list[TrialRecord], planned: int, per_key: int, streak: int) -> Any:
-    """Breaker note and retry plan from every full trial row (the old start check)."""
-    return breaker_note(attempts, streak), plan_retries(attempts, planned, per_key)
+    """Breaker note, retry cap and the open keys from every full trial row (the old start
+    check's reads)."""
+    latest: dict[str, TrialRecord] = {}
+    for t in sorted(attempts, key=lambda t: t.attempt):
+        latest[t.trial_key] = t
+    open_keys = sorted(
+        (t.finished_at, t.trial_key, t.attempt)
+        for t in latest.values()
+        if t.outcome_class == "infra_error"
+        and t.infra_reason not in NEVER_RETRIED | CAP_EXEMPT
+        and t.attempt <= per_key
+    )
+    return (
+        breaker_note(attempts, streak),
+        plan_retries(attempts, planned, per_key).cap_reached,
+        open_keys,
+    )
 
 
 def tallied(store: Store, experiment_id: str, planned: int, per_key: int, streak: int) -> Any:
-    state = store.start_state(experiment_id)
+    """The same from the tally, as queue/starts.py ``blocker`` reads it."""
+    state = store.start_state(experiment_id, per_key)
+    open_keys = [
+        (a.finished_at, a.trial_key, a.attempt) for a in store.open_infra(experiment_id, per_key)
+    ]
+    assert state.open_counted == len(open_keys)
     return (
-        breaker_note(state.after_measured, streak),
-        plan_from_latest(state.latest_infra, state.counted_retries, planned, per_key),
+        breaker_note(state.streak, streak),
+        cap_reached(store, experiment_id, state, planned, per_key),
+        open_keys,
     )
 
 

@@ -192,6 +192,14 @@ def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
     assert type(embedded).__name__ == "EmbeddedStore"
     for store in (lake, embedded):
         _populate(store)
+    # a lake whose views an older hangar made: the next store to attach it makes them again
+    assert isinstance(lake, LakeStore)
+    with lake._db() as con:
+        con.execute("CREATE OR REPLACE VIEW experiment_index AS SELECT 1 AS stale")
+    with lake._pg_tx() as cur:
+        cur.execute("UPDATE hangar_store_keys SET k = 'an older digest' WHERE tbl = '_schema'")
+    lake.close()
+    lake = LakeStore(lake.paths)
     blocks = _sql_blocks()
     assert len(blocks) == 6
     for sql in [
@@ -297,11 +305,51 @@ def test_a_catalog_made_before_a_column_existed_gains_it_once(lake_env: dict[str
         con.execute("BEGIN")
         con.execute("ALTER TABLE trials DROP COLUMN reused_from")
         con.execute("COMMIT")
-        con.execute(f"DELETE FROM pg.{lake_module.KEYS} WHERE tbl = '_schema'")
+    with store._pg_tx() as cur:
+        cur.execute(f"DELETE FROM {lake_module.KEYS} WHERE tbl = '_schema'")
     again = Store(paths())
     origin = {"experiment_id": "exp-0", "trial_key": "base/t1/1", "attempt": 1}
     again.put(f.trial(replicate=2, reused_from=origin))
     assert [t.reused_from for t in again.trials(f.EXP)] == [None, origin]
-    with again._db() as con:
-        marks = con.execute(f"SELECT k FROM pg.{lake_module.KEYS} WHERE tbl = '_schema'").fetchall()
+    assert isinstance(again, LakeStore)
+    with again._pg_tx() as cur:
+        cur.execute(f"SELECT k FROM {lake_module.KEYS} WHERE tbl = '_schema'")
+        marks = cur.fetchall()
     assert marks == [(lake_module.SCHEMA_DIGEST,)]
+
+
+def test_a_second_writer_of_a_key_waits_for_the_first_and_is_refused(
+    lake_env: dict[str, str],
+) -> None:
+    """The key is reserved before the DuckLake commit: a writer that finds it reserved but its
+    row not yet there waits for the reserver (its advisory lock), instead of taking it for dead
+    and storing the attempt a second time."""
+    import threading
+
+    first, second = Store(paths()), Store(paths())
+    assert isinstance(first, LakeStore) and isinstance(second, LakeStore)
+    first.experiments()  # the tables exist before the race, and both are attached
+    second.experiments()
+    reserved = threading.Event()
+    real = first._retrying_insert
+
+    def slow(table: object, batch: object) -> None:
+        reserved.set()  # the key is reserved, the row not committed yet
+        time.sleep(2.0)
+        real(table, batch)  # type: ignore[arg-type]
+
+    first._retrying_insert = slow  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+    writer = threading.Thread(target=lambda: first.put(f.trial(cost_usd=0.25)))
+    writer.start()
+    assert reserved.wait(60)
+    try:
+        second.put(f.trial(cost_usd=9.0))
+    except DuplicateRecordError as e:
+        errors.append(e)
+    writer.join(60)
+    assert len(errors) == 1, "the second write of the key is refused"
+    assert [t.cost_usd for t in second.trials(f.EXP, all_attempts=True)] == [0.25]
+    assert second.next_attempt(f.EXP, "base/t1/1") == 2
+    first.close()
+    second.close()

@@ -16,7 +16,7 @@ import factories as f
 import pytest
 from tally_check import assert_agrees, mixed_attempts, tallied
 
-from hangar_dagster.queue.retries import CAP_EXEMPT
+from hangar_dagster.queue.retries import BREAKER_NEUTRAL, CAP_EXEMPT, NEVER_RETRIED
 from hangar_dagster.results import tally
 from hangar_dagster.results.store import EmbeddedStore, Store
 from hangar_dagster.settings import HangarPaths
@@ -64,9 +64,9 @@ def test_the_tally_agrees_with_the_full_recomputation(
     store = _mixed(mixed_home, tmp_path, monkeypatch)
     assert_agrees(store, [f.EXP, OTHER])
     # the mix reaches both rules' stops, so agreeing is not agreeing on "nothing"
-    note, plan = tallied(store, f.EXP, 40, per_key=3, streak=2)
+    note, capped, open_keys = tallied(store, f.EXP, 40, per_key=3, streak=2)
     assert note is not None and "v0/late0/1" in note and "v0/late1/1" not in note
-    assert plan.cap_reached is not None
+    assert capped is not None and len(open_keys) >= 2
     # a trial of an experiment with no stored record counts for nobody, as in budget_ledger
     store.put(f.attempt_of("exp-none", "base/t1/1", 1, cost_usd=3.0))
     assert_agrees(store, [f.EXP, OTHER, "exp-none"])
@@ -77,6 +77,17 @@ def test_the_tally_agrees_with_the_full_recomputation(
     con.commit()
     con.close()
     assert store.spent_by_author("2025-03")["cy"] == 3.0
+    assert_agrees(store, [f.EXP, OTHER, "exp-none"])
+    # attempts stored out of order: a late lower attempt never reopens (or closes) its key
+    for key, first, second in (
+        ("v0/late-a/1", "completed", "infra_error"),
+        ("v0/late-b/1", "infra_error", "completed"),
+    ):
+        for n, outcome in ((2, second), (1, first)):
+            infra = {"infra_reason": "preempted"} if outcome == "infra_error" else {}
+            store.put(f.attempt_of(f.EXP, key, n, outcome_class=outcome, **infra))
+    open_keys = {a.trial_key for a in store.open_infra(f.EXP, 3)}
+    assert "v0/late-a/1" in open_keys and "v0/late-b/1" not in open_keys
     assert_agrees(store, [f.EXP, OTHER, "exp-none"])
 
 
@@ -93,9 +104,9 @@ def test_a_deleted_or_outdated_tally_is_rebuilt_from_the_rows(
     con.commit()
     con.close()
     assert_agrees(Store(store.paths), [f.EXP, OTHER])
-    before = store.start_state(f.EXP)
+    before = store.start_state(f.EXP, 2), store.open_infra(f.EXP, 2)
     store.rebuild_tally()
-    assert store.start_state(f.EXP) == before
+    assert (store.start_state(f.EXP, 2), store.open_infra(f.EXP, 2)) == before
 
 
 _DIES = textwrap.dedent("""
@@ -131,7 +142,7 @@ def test_a_crash_inside_a_put_leaves_the_tally_agreeing(
     # the start check alone (no DuckDB read yet) already counts the crashed attempt, once
     fresh = Store(store.paths)
     assert fresh.next_attempt(f.EXP, "skill/t9/1") == 2
-    assert "skill/t9/1" in {a.trial_key for a in fresh.start_state(f.EXP).latest_infra}
+    assert "skill/t9/1" in {a.trial_key for a in fresh.open_infra(f.EXP, 2)}
     assert_agrees(fresh, [f.EXP, OTHER])  # its reads bring the row into DuckDB too
     assert list(store.paths.pending.iterdir()) == []
 
@@ -146,12 +157,15 @@ def test_the_start_check_reads_neither_duckdb_nor_full_rows(
         raise AssertionError("the start check opened DuckDB")
 
     monkeypatch.setattr(EmbeddedStore, "_db", no_duckdb)
-    state = store.start_state(f.EXP)
-    assert state.latest_infra and state.counted_retries >= 0
+    state = store.start_state(f.EXP, 3)
+    assert state.streak and state.open_counted and state.counted_retries >= 0
+    assert store.open_infra(f.EXP, 3)
     assert store.spent_by_author("2025-03")
     assert store.tokens_finished_since(f.T0.replace(year=2000)) > 0
     assert store.next_attempt(f.EXP, "v0/t0/1") >= 2
 
 
-def test_the_tally_names_the_same_cap_exempt_reasons_as_the_retry_rules() -> None:
+def test_the_tally_names_the_same_reasons_as_the_retry_rules() -> None:
     assert set(tally.CAP_EXEMPT_REASONS) == CAP_EXEMPT
+    assert set(tally.NEVER_RETRIED_REASONS) == NEVER_RETRIED
+    assert set(tally.BREAKER_NEUTRAL_REASONS) == BREAKER_NEUTRAL
