@@ -14,7 +14,7 @@ take days at the put cost below); the DuckLake through SQL inserts, then ``compa
 embedded compaction itself is timed apart, on ``--compact-files`` small files of one partition
 written as ``put`` writes them. Then, per mode:
 
-- each of the five example queries of docs/data.md and a full read of the ``experiment_index``
+- each of the six example queries of docs/data.md and a full read of the ``experiment_index``
   and ``variant_summary`` views, from a fresh analyst connection (the embedded DuckDB file
   read-only; the DuckLake attached read-only as docs/data.md says), the answer fetched whole as
   an Arrow table (the engine's own result, what pandas or polars get; turning a million rows
@@ -68,6 +68,7 @@ NAMES = [
     "infra errors by reason",
     "cost per variant",
     "tamper signals",
+    "reused and fresh per variant",
 ]
 
 
