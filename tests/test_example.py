@@ -264,7 +264,7 @@ def test_the_readme_reads_what_the_example_gives(
 
 
 def test_spec_loads_and_points_at_existing_files(spec: ExperimentSpec) -> None:
-    assert spec.name == "skills-ab" and spec.trials == 4 and spec.parallel == 3
+    assert spec.name == "skills-ab" and spec.trials == 4 and spec.parallel == 6
     assert [t.id for t in spec.tasks] == list(TASKS) and len(TASKS) == 10
     assert spec.grader.command == "hangar-grade pytest -q"
     for task in spec.tasks:
