@@ -264,6 +264,13 @@ def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
         time.sleep(2)
         runs = trials_runs(deployment, [eid])
     assert sorted(r["status"] for r in runs) == ["FAILURE", "SUCCESS"], runs
+    # The killed run's eval pool slot is given back (it held it when its worker died): else it
+    # would hold one of the pool's slots for good, and at a limit of 1 no trials step would run.
+    (failed,) = [r["runId"] for r in runs if r["status"] == "FAILURE"]
+    deadline = time.monotonic() + 180
+    while failed in (held := eval_pool_claims(deployment)):
+        assert time.monotonic() < deadline, held
+        time.sleep(3)
     # Its sandboxes (a dead worker's leftovers) were removed by the next run worker.
     alive = {c["Id"] for c in client().api.containers(all=True)}
     assert not alive & set(sandboxes)
@@ -279,6 +286,15 @@ def trials_runs(dep: Deployment, eids: list[str]) -> list[dict[str, Any]]:
             {"eid": eid},
         )["runsOrError"]["results"]
     return found
+
+
+def eval_pool_claims(dep: Deployment) -> list[str]:
+    """The run ids holding a slot of the hangar_eval pool, read over GraphQL."""
+    got = dep.graphql(
+        """{ instance { concurrencyLimit(concurrencyKey: "hangar_eval") {
+        claimedSlots { runId stepKey } } } }"""
+    )
+    return [c["runId"] for c in got["instance"]["concurrencyLimit"]["claimedSlots"]]
 
 
 def max_overlap(spans: list[tuple[float, float]]) -> int:

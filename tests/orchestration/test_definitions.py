@@ -181,6 +181,8 @@ def test_the_shipped_instance_ends_runs_that_never_start_and_never_resumes(
         assert instance.run_monitoring_enabled
         assert 0 < instance.run_monitoring_start_timeout_seconds <= 600
         assert instance.run_monitoring_max_resume_run_attempts == 0
+        # a dead worker's pool slot is given back (tests/deploy shows it on Docker)
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 30
 
 
 def _clean_env(home: Path) -> dict[str, str]:
