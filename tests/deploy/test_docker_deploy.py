@@ -9,7 +9,8 @@ network, volume.
 
 The spec is a lean subset of examples/skills-ab: its three tasks and two variants, one trial
 each (6 trials; the whole example's 18 are the benchmark's, benchmarks/deploy_overhead.py),
-on the Docker sandbox from the project image. The agent is the example's scripted stand-in.
+on the Docker sandbox from the project image. The agent is the example's scripted stand-in;
+the eval pool case's two long experiments run a `sleep 25` command harness instead (no model).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +29,7 @@ import yaml
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 from hangar_dagster.trials.sandbox.docker import MANAGED_LABEL, OWNER_LABEL, client
-from tests.conftest import cli_env, copy_example
+from tests.conftest import cli_env, command_agent_spec, copy_example, write_spec
 from tests.deploy.compose import Deployment, up
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_sandbox("docker")]
@@ -99,7 +99,7 @@ def wait_complete(dep: Deployment, eid: str, timeout_s: float = 600) -> dict[str
         if data["queue"]["complete"]:
             return data
         if time.monotonic() > deadline:
-            runs = trials_runs(dep, [eid])
+            runs = stage_runs(dep, [eid])
             workers = client().api.containers(
                 all=True, filters={"label": f"dagster/job_name={eid}__trials_job"}
             )
@@ -116,12 +116,7 @@ def wait_stage_run(dep: Deployment, eid: str, stage: str, timeout_s: float = 300
     """Until a run of the experiment's STAGE has succeeded (read over GraphQL)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs = dep.graphql(
-            """query($eid: String!, $stage: String!) { runsOrError(filter: {tags: [{key:
-            "hangar/experiment", value: $eid}, {key: "hangar/stage", value: $stage}]}) {
-            ... on Runs { results { status } } } }""",
-            {"eid": eid, "stage": stage},
-        )["runsOrError"]["results"]
+        runs = stage_runs(dep, [eid], stage)
         if any(r["status"] == "SUCCESS" for r in runs):
             return
         assert time.monotonic() < deadline, (stage, runs, dep.logs())
@@ -258,11 +253,11 @@ def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
     # The killed worker's run was failed by run monitoring, and its stage started again (the
     # grades are stored before that run ends: wait for its end).
     deadline = time.monotonic() + 120
-    runs = trials_runs(deployment, [eid])
+    runs = stage_runs(deployment, [eid])
     while any(r["status"] in ("QUEUED", "STARTING", "STARTED") for r in runs):
         assert time.monotonic() < deadline, runs
         time.sleep(2)
-        runs = trials_runs(deployment, [eid])
+        runs = stage_runs(deployment, [eid])
     assert sorted(r["status"] for r in runs) == ["FAILURE", "SUCCESS"], runs
     # The killed run's eval pool slot is given back (it held it when its worker died): else it
     # would hold one of the pool's slots for good, and at a limit of 1 no trials step would run.
@@ -276,14 +271,16 @@ def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
     assert not alive & set(sandboxes)
 
 
-def trials_runs(dep: Deployment, eids: list[str]) -> list[dict[str, Any]]:
+def stage_runs(dep: Deployment, eids: list[str], stage: str = "trials") -> list[dict[str, Any]]:
+    """The runs of the experiments' STAGE, with their steps' times, read over GraphQL."""
     found = []
     for eid in eids:
         found += dep.graphql(
-            """query($eid: String!) { runsOrError(filter: {tags: [{key: "hangar/experiment",
-            value: $eid}, {key: "hangar/stage", value: "trials"}]}) { ... on Runs { results {
-            runId status startTime endTime stepStats { stepKey startTime endTime } } } } }""",
-            {"eid": eid},
+            """query($eid: String!, $stage: String!) { runsOrError(filter: {tags: [{key:
+            "hangar/experiment", value: $eid}, {key: "hangar/stage", value: $stage}]}) {
+            ... on Runs { results { runId status startTime endTime
+            stepStats { stepKey startTime endTime } } } } }""",
+            {"eid": eid, "stage": stage},
         )["runsOrError"]["results"]
     return found
 
@@ -315,86 +312,89 @@ def set_eval_pool(dep: Deployment, limit: int) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-# Five or more stage runs, each a run worker container: 7-15 min at a load of 25-30 here.
+def sleeping(example: Path, image: str, name: str) -> Path:
+    """Experiment NAME: the median task's 3 trials one at a time, each agent a 25 s sleep, so
+    two of its kind launched together are surely in their trials steps at the same time."""
+    tmp = example.parent / f"{name}-harness"  # on the shared directory: run workers read it
+    tmp.mkdir()
+    data = command_agent_spec(example, tmp, name, "sleep 25")
+    data["environment"] |= {"sandbox": "docker", "image": image}
+    data.update(trials=3, parallel=1, reuse={"enabled": False})
+    return write_spec(example, data)
+
+
+def step_span(run: dict[str, Any]) -> tuple[float, float]:
+    (step,) = [s for s in run["stepStats"] if s["stepKey"].endswith("__trials")]
+    return step["startTime"], step["endTime"]
+
+
+# Nine setup runs and three trials runs, two of them in run worker containers at once.
 @pytest.mark.timeout(1800)
-def test_a_run_worker_and_a_host_run_hold_the_eval_pool_and_parallel_together(
+def test_two_run_workers_and_a_host_run_hold_the_eval_pool_and_parallel_together(
     deployment: Deployment, example: Path
 ) -> None:
-    # Two run workers at once on the one instance: the daemon's (a container) for experiment A,
-    # and the host CLI's `run --wait` for B (in-process: the run queue never sees it). The eval
-    # pool's limit is 0 until both trials runs wait for it, then 1: their trials steps must
-    # take turns, each experiment keeping its own `parallel`.
+    # Three run workers on the one instance, two of them at once: the daemon's containers for
+    # experiments A and B, then the host CLI's `run --wait` for C (in-process: the run queue never
+    # sees it). The eval pool's limit is 0 until A's and B's trials runs are queued, then 2 (the
+    # shipped limit): both containers run their trials steps at once, and C, started while they
+    # hold both slots, waits for one. Each experiment keeps its own `parallel`.
     data = yaml.safe_load((example / "experiment.yaml").read_text())
-
-    def lean(n: int) -> Path:
-        return spec(
-            example,
-            deployment.image,
-            f"skills-ab-pool-{n}",
-            tasks=[t for t in data["tasks"] if t["id"] == "median"],
-            variants={"plain": data["variants"]["plain"]},
-            baseline="plain",
-            trials=3,
-            parallel=2,
-        )
-
+    lean = spec(
+        example,
+        deployment.image,
+        "skills-ab-pool-c",
+        tasks=[t for t in data["tasks"] if t["id"] == "median"],
+        variants={"plain": data["variants"]["plain"]},
+        baseline="plain",
+        trials=3,
+        parallel=2,
+    )
+    store = store_of(deployment)
     set_eval_pool(deployment, 0)
-    host_run = None
     try:
-        a = submit(deployment, lean(1))
-        host_run = subprocess.Popen(
-            [HANGAR, "experiment", "run", str(lean(2)), "--wait"],
-            env=deployment.host_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert host_run.stdout is not None
-        first = host_run.stdout.readline()  # "submitted <id> (...)"
-        eids = [a, submitted(first)]
-        rest: list[str] = []  # its progress lines, read as they come (a full pipe would stall it)
-        reader = threading.Thread(target=lambda: rest.extend(host_run.stdout), daemon=True)
-        reader.start()
-        store = store_of(deployment)
-        deadline = time.monotonic() + 400
+        a = submit(deployment, sleeping(example, deployment.image, "pool-a"))
+        b = submit(deployment, sleeping(example, deployment.image, "pool-b"))
+        deadline = time.monotonic() + 600
         while True:
-            runs = {r["status"] for r in trials_runs(deployment, eids)}
-            if {"QUEUED", "STARTED"} <= runs:
-                break  # A's held by the queue, B's in the host process, waiting for a slot
-            assert host_run.poll() is None and time.monotonic() < deadline, (
-                runs,
-                deployment.logs(),
-            )
+            runs = stage_runs(deployment, [a, b])
+            if [r["status"] for r in runs] == ["QUEUED"] * 2:
+                break
+            assert time.monotonic() < deadline, (runs, deployment.logs())
             time.sleep(2)
-        assert [store.trials(e, all_attempts=True) for e in eids] == [[], []]  # both held
-        set_eval_pool(deployment, 1)
-        assert host_run.wait(timeout=600) == 0, "".join(rest)[-4000:]
-        # A's container may start only once B's slot is free: its whole run comes after.
-        done = [wait_complete(deployment, e, timeout_s=900) for e in eids]
-    finally:
-        if host_run is not None and host_run.poll() is None:
-            host_run.kill()
-        set_eval_pool(deployment, 2)  # the shipped default, for the cases after this one
-    assert [len(d["trials"]) for d in done] == [3, 3]
-    runs = trials_runs(deployment, eids)
-    assert len(runs) == 2 and {r["status"] for r in runs} == {"SUCCESS"}, runs
-    # Both asked for the one slot at once (A queued, B started: the loop above). Whether A's
-    # container starts before B ends is the run queue's timing: Dagster keeps a run queued while
-    # its pool has no free slot, so it may not. What must hold either way: never two trials
-    # steps at once, the pool's one slot held by the instance across both run workers.
-    steps = [
-        (s["startTime"], s["endTime"])
-        for r in runs
-        for s in r["stepStats"]
-        if s["stepKey"].endswith("__trials")
-    ]
-    assert len(steps) == 2 and max_overlap(steps) == 1, steps
-    # Within each experiment, at most `parallel` (2) of its 3 trials at once.
-    for e in eids:
-        rows = store.trials(e, all_attempts=True)
-        assert (
-            max_overlap([(t.started_at.timestamp(), t.finished_at.timestamp()) for t in rows]) <= 2
+        assert [store.trials(e, all_attempts=True) for e in (a, b)] == [[], []]  # both held
+        set_eval_pool(deployment, 2)
+        ids = {r["runId"] for r in runs}
+        deadline = time.monotonic() + 600
+        while not ids <= set(held := eval_pool_claims(deployment)):
+            assert time.monotonic() < deadline, (held, stage_runs(deployment, [a, b]))
+            time.sleep(1)
+        # Both slots are held by the two containers: C's trials step has to wait for one.
+        host_run = subprocess.run(
+            [HANGAR, "experiment", "run", str(lean), "--wait"],
+            env=deployment.host_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
+        assert host_run.returncode == 0, (host_run.stdout + host_run.stderr)[-4000:]
+        c = submitted(host_run.stdout)
+        done = [wait_complete(deployment, e, timeout_s=900) for e in (a, b, c)]
+    finally:
+        set_eval_pool(deployment, 2)  # the shipped default, for the cases after this one
+    assert [len(d["trials"]) for d in done] == [3, 3, 3]
+    runs = stage_runs(deployment, [a, b, c])
+    assert len(runs) == 3 and {r["status"] for r in runs} == {"SUCCESS"}, runs
+    spans = [step_span(r) for r in runs]
+    # A's and B's run workers ran their trials steps at the same time: two at once ...
+    assert max_overlap(spans[:2]) == 2, spans
+    # ... and never a third with them: C's step started once one of theirs had ended.
+    assert max_overlap(spans) == 2, spans
+    assert spans[2][0] >= min(spans[0][1], spans[1][1]), spans
+    # Within each experiment, at most its `parallel` trials at once.
+    for e, parallel in ((a, 1), (b, 1), (c, 2)):
+        rows = store.trials(e, all_attempts=True)
+        spans_e = [(t.started_at.timestamp(), t.finished_at.timestamp()) for t in rows]
+        assert max_overlap(spans_e) <= parallel, (e, spans_e)
 
 
 def test_down_leaves_no_container_network_or_volume(deployment: Deployment) -> None:
