@@ -78,6 +78,69 @@ def run_cmd(
     _drive(settings, exp, window_wait)
 
 
+@app.command("regrade")
+def regrade_cmd(
+    name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="The spec with the new grader (default: the experiment's own spec file as it "
+            "reads now, hidden test files included).",
+        ),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="Grade here and print the summary (default), or leave it to the daemon.",
+        ),
+    ] = True,
+) -> None:
+    """Grade every counted trial's stored patch again under a changed grader: no agent runs.
+
+    A new experiment (its id printed) holds the same trials and their new grades; the old
+    one's grades stay as they were. A spec that changes anything but the grader is refused
+    (exit 2, each field named). Run again with the same grader, it goes on with that regrade
+    and grades only what has no grade yet (after a crash, say). Exits as run --wait."""
+    from hangar_dagster.experiment.regrade import RegradeSubmitted, spec_of
+    from hangar_dagster.experiment.submit import load_resolved, submit
+    from hangar_dagster.orchestration.driver import run_in_flight
+
+    settings = Settings.from_env()
+    p = settings.paths
+    old = load_resolved(p, find_experiment(p, name_or_id).experiment_id)
+    try:
+        exp = submit(spec_of(old, spec), settings, regrade=old)
+    except SpecError as e:
+        err.print(f"[red]refused:[/] {e}")
+        raise typer.Exit(2) from None
+    except RegradeSubmitted as again:  # run again (after a crash, say): go on with that one
+        exp = again.experiment
+        busy = run_in_flight(exp, settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]"))
+        if busy is not None:
+            err.print(f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; wait until it ends")
+            raise typer.Exit(2) from None
+        console.print(
+            f"continuing [bold]{exp.experiment_id}[/]: the regrade of {old.experiment_id} under "
+            f"grader {exp.grader_digest}, submitted before; its stored grades are kept"
+        )
+    else:
+        console.print(
+            f"submitted [bold]{exp.experiment_id}[/]: regrade of {old.experiment_id} "
+            f"({len(exp.trial_keys())} trials, grader {exp.grader_digest}; "
+            f"was {old.grader_digest})"
+        )
+    ensure_dagster_home(settings)
+    if not wait:
+        from hangar_dagster.orchestration.sensors import DAEMON_MARKER
+
+        (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    notify_webserver(settings)
+    if wait:
+        _drive(settings, exp)
+
+
 @app.command("resume")
 def resume_cmd(
     name_or_id: Annotated[str, typer.Argument(help="Experiment id or name.")],

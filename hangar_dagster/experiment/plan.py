@@ -70,6 +70,11 @@ class ReusePlan(_Frozen):
     sources: dict[str, ReuseSource] = {}
     health: dict[str, str] = {}  # variant -> the planned key run fresh as its health check
     notes: tuple[str, ...] = ()  # per variant, what was reused and why the rest was not
+    # A regrade (experiment/regrade.py) copies the trials without their grades, and each new
+    # grade names the one it replaces: trial key -> {experiment_id, trial_key, attempt,
+    # grader_digest}.
+    copy_grades: bool = True
+    regrade_of: dict[str, dict[str, str | int]] = {}
 
 
 class ResolvedExperiment(_Frozen):
@@ -83,6 +88,7 @@ class ResolvedExperiment(_Frozen):
     variants: dict[str, ResolvedVariant]
     grader_digest: str
     reuse: ReusePlan | None = None  # None: decided before reuse existed, or nothing to decide
+    regrade_of: str | None = None  # the experiment whose stored patches this one grades again
 
     @property
     def canary(self) -> str:

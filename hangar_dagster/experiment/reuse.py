@@ -361,9 +361,9 @@ def reuse_notes(exp: ResolvedExperiment) -> list[NoteRecord]:
     """The plan's notes as ``reuse`` notes of the experiment (submit stores them once)."""
     if exp.reuse is None:
         return []
+    kind = "regrade" if exp.regrade_of else "reuse"
     return [
-        NoteRecord(experiment_id=exp.experiment_id, kind="reuse", message=m)
-        for m in exp.reuse.notes
+        NoteRecord(experiment_id=exp.experiment_id, kind=kind, message=m) for m in exp.reuse.notes
     ]
 
 
@@ -413,8 +413,13 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
         return []
     eid = exp.experiment_id
     have = {t.trial_key for t in store.trials(eid, all_attempts=True)}
-    graded = {g.trial_key for g in store.grades(eid, all_attempts=True)}
-    todo = {k: s for k, s in exp.reuse.sources.items() if k not in have or k not in graded}
+    copy_grades = exp.reuse.copy_grades  # a regrade makes its own
+    graded = {g.trial_key for g in store.grades(eid, all_attempts=True)} if copy_grades else set()
+    todo = {
+        k: s
+        for k, s in exp.reuse.sources.items()
+        if k not in have or (copy_grades and k not in graded)
+    }
     written: list[str] = []
     by_source: dict[str, list[tuple[str, ReuseSource]]] = {}
     for key, src in sorted(todo.items()):
@@ -430,7 +435,7 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
                 rows.get((src.trial_key, src.attempt)),
                 grades.get((src.trial_key, src.attempt)),
             )
-            if row is None or grade is None:
+            if row is None or (grade is None and copy_grades):
                 raise ReuseError(
                     f"{eid}: trial {key} was planned as a copy of {source_id} {src.trial_key} "
                     f"attempt {src.attempt}, which the store no longer holds"
@@ -439,7 +444,7 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
             art = paths.trial_artifacts(eid, key, 1)
             copy_artifacts(Path(row.artifacts_dir), art)
             renamed = _renamed(k, eid)
-            if key not in graded:
+            if copy_grades and grade is not None and key not in graded:
                 copy = grade.model_copy(update=renamed)
                 copied_tests = [
                     t.model_copy(update=renamed)

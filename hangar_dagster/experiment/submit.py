@@ -35,6 +35,12 @@ from hangar_dagster.experiment.overlay import (
 from hangar_dagster.experiment.overlay import build as build_overlay
 from hangar_dagster.experiment.pins import environment_digest, lock_pin_content, pin_set_id
 from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
+from hangar_dagster.experiment.regrade import (
+    RegradeSubmitted,
+    earlier_regrade,
+    plan_regrade,
+    regrade_note,
+)
 from hangar_dagster.experiment.reuse import materialize as materialize_reuse
 from hangar_dagster.experiment.reuse import plan_reuse, reuse_notes
 from hangar_dagster.experiment.spec import (
@@ -423,8 +429,13 @@ def cli_problems(exp: ResolvedExperiment, settings: Settings) -> list[Problem]:
     return problems
 
 
-def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
-    """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing."""
+def submit(
+    spec_path: Path, settings: Settings, *, regrade: ResolvedExperiment | None = None
+) -> ResolvedExperiment:
+    """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing.
+
+    ``regrade``: the experiment whose stored patches this one grades again under its grader
+    (experiment/regrade.py), instead of planning reuse."""
     paths = settings.paths
     spec = load_spec(spec_path)
     experiment_id = new_experiment_id(spec.name)
@@ -446,7 +457,13 @@ def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
         if problems := cli_problems(exp, settings):
             raise SpecError(str(spec_path), problems)
         # Decided before the budget looks: it projects only the trials that will be paid.
-        exp = exp.model_copy(update={"reuse": plan_reuse(exp, store, paths)})
+        if regrade is not None:
+            exp = plan_regrade(regrade, exp, store, settings)
+            n_trials = len(exp.trial_keys())
+            if (earlier := earlier_regrade(regrade, exp.grader_digest, paths)) is not None:
+                raise RegradeSubmitted(earlier)  # the command run again: it goes on with that
+        else:
+            exp = exp.model_copy(update={"reuse": plan_reuse(exp, store, paths)})
         n_reused = len(exp.reuse.sources) if exp.reuse is not None else 0
         if problems := submit_problems(
             store,
@@ -484,6 +501,8 @@ def submit(spec_path: Path, settings: Settings) -> ResolvedExperiment:
     )
     for said in reuse_notes(exp):
         store.put(said)
+    if regrade is not None:
+        store.put(regrade_note(regrade, exp))
     materialize_reuse(exp, store, paths)  # the spec stage writes again what a crash cut off
     if note := projection_note(exp.spec, n_trials):
         store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))

@@ -677,6 +677,48 @@ def check_environment(experiment: ResolvedExperiment, task_id: str) -> Environme
     return own
 
 
+def grader_run(
+    experiment: ResolvedExperiment,
+    trial: TrialRecord,
+    patch: str,
+    base_check: BaseCheckRecord | None,
+    paths: HangarPaths,
+    settings: Settings | None = None,
+) -> GraderRun:
+    """The grader's run on one trial attempt's patch (none for an infra error: a placeholder)."""
+    if trial.outcome_class == "infra_error":
+        return GraderRun(
+            exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
+            reason=f"not graded: infra_error ({trial.infra_reason or 'no reason recorded'})",
+            output="", duration_s=0.0, passed=False,
+        )  # fmt: skip
+    variant = experiment.variants.get(trial.variant)
+    plan = task_build(experiment, trial.task, variant.environment if variant else None)
+    built: Built | None = None
+    if plan is not None:
+        try:  # a cache hit, normally: the base check or the trial built it
+            built = ensure_build(plan, build_settings(paths, settings))
+        except MirrorUnavailable:
+            raise  # infrastructure: no grade is stored, the next grades run tries again
+        except BuildFailed as failed:
+            return GraderRun(
+                exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
+                reason=mask(f"environment build failed: {failed}", experiment.canary),
+                output=mask(failed.tail, experiment.canary), duration_s=0.0, passed=False,
+            )  # fmt: skip
+    return run_grader(
+        experiment,
+        trial.task,
+        patch,
+        label=trial.trial_key,
+        work_root=paths.work / "grading",
+        env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
+        expected_tests=base_check.expected_tests if base_check is not None else (),
+        built=built,
+        settings=build_settings(paths, settings),
+    )
+
+
 def grade_trial(
     experiment: ResolvedExperiment,
     trial: TrialRecord,
@@ -685,51 +727,21 @@ def grade_trial(
     run_id: str,
     paths: HangarPaths,
     settings: Settings | None = None,
+    run: GraderRun | None = None,
 ) -> GradeRecord:
     """Grade one trial attempt, and save the grader's output as ``grade.log`` in its artifacts.
 
     A trial that ended as ``infra_error`` is not run (it is excluded and
     retried): its grade fails with reason ``not graded: infra_error (...)``,
     while the patch signals and canary search still apply. ``base_check``
-    None means the task was not checked: ``task_invalid`` is then False.
+    None means the task was not checked: ``task_invalid`` is then False. ``run``: the grader's
+    run of this very patch already made (a regrade grades each distinct patch once,
+    grading/stage.py); this attempt's own signals and canary search still apply.
     """
     grader = experiment.spec.grader
-    if trial.outcome_class == "infra_error":
-        run = GraderRun(
-            exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
-            reason=f"not graded: infra_error ({trial.infra_reason or 'no reason recorded'})",
-            output="", duration_s=0.0, passed=False,
-        )  # fmt: skip
-    else:
-        variant = experiment.variants.get(trial.variant)
-        plan = task_build(experiment, trial.task, variant.environment if variant else None)
-        built: Built | None = None
-        failed: BuildFailed | None = None
-        if plan is not None:
-            try:  # a cache hit, normally: the base check or the trial built it
-                built = ensure_build(plan, build_settings(paths, settings))
-            except MirrorUnavailable:
-                raise  # infrastructure: no grade is stored, the next grades run tries again
-            except BuildFailed as err:
-                failed = err
-        if failed is not None:
-            run = GraderRun(
-                exit_code=None, timed_out=False, counts=zero_counts(), junit_ok=False,
-                reason=mask(f"environment build failed: {failed}", experiment.canary),
-                output=mask(failed.tail, experiment.canary), duration_s=0.0, passed=False,
-            )  # fmt: skip
-        else:
-            run = run_grader(
-                experiment,
-                trial.task,
-                patch,
-                label=trial.trial_key,
-                work_root=paths.work / "grading",
-                env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
-                expected_tests=base_check.expected_tests if base_check is not None else (),
-                built=built,
-                settings=build_settings(paths, settings),
-            )
+    if run is None:
+        run = grader_run(experiment, trial, patch, base_check, paths, settings)
+    if trial.outcome_class != "infra_error":
         write_atomic(Path(trial.artifacts_dir) / "grade.log", run.output)
     grade = GradeRecord(
         experiment_id=experiment.experiment_id,
@@ -760,6 +772,8 @@ def grade_trial(
         duration_s=run.duration_s,
         canary_files=run.canary_files,
         provenance=run.provenance,
+        # a regrade's grade names the one it replaces (experiment/regrade.py)
+        regrade_of=experiment.reuse.regrade_of.get(trial.trial_key) if experiment.reuse else None,
     )
     base = base_check.base_outcomes if base_check is not None else None
     return grade.with_tests([grade_test(grade, t, (base or {}).get(t.test_id)) for t in run.tests])

@@ -13,6 +13,7 @@ finishes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +21,14 @@ from pathlib import Path
 from hangar_dagster.environment.build import BuildFailed, ensure_build
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.grading.grader import (
+    GraderRun,
     base_check_log,
     build_settings,
     check_base,
     check_environment,
     contamination_notes,
     grade_trial,
+    grader_run,
     task_build,
 )
 from hangar_dagster.queue.drain import interrupted
@@ -118,14 +121,54 @@ def grade_and_store(
     run_id: str,
     paths: HangarPaths,
     settings: Settings | None,
+    run: GraderRun | None = None,
 ) -> GradeRecord:
-    """Grade one stored attempt from its raw patch and store the grade (and its notes)."""
+    """Grade one stored attempt from its raw patch and store the grade (and its notes);
+    ``run``: the grader's run of the same patch, when it was already made."""
     patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
-    grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings)
+    grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings, run)
     store.put(grade)
     for note in contamination_notes(grade):  # the experiment note and the audit entry
         store.put(note)
     return grade
+
+
+def patch_groups(exp: ResolvedExperiment, trials: list[TrialRecord]) -> list[list[TrialRecord]]:
+    """``trials`` grouped by what the grader is given: the task, its environment build and the
+    byte-identical raw patch (the grader's digest is the experiment's), so one grader run
+    stands for a whole group. An infra error is a group of its own (it is not run at all)."""
+    groups: dict[tuple[str, str | None, str], list[TrialRecord]] = {}
+    alone: list[list[TrialRecord]] = []
+    for t in trials:
+        if t.outcome_class == "infra_error":
+            alone.append([t])
+            continue
+        variant = exp.variants.get(t.variant)
+        plan = task_build(exp, t.task, variant.environment if variant else None)
+        raw = (Path(t.artifacts_dir) / RAW_PATCH).read_bytes()
+        key = (t.task, plan.key if plan is not None else None, hashlib.sha256(raw).hexdigest())
+        groups.setdefault(key, []).append(t)
+    return [*groups.values(), *alone]
+
+
+def grade_group(
+    exp: ResolvedExperiment,
+    store: Store,
+    group: list[TrialRecord],
+    checks: dict[str, BaseCheckRecord],
+    run_id: str,
+    paths: HangarPaths,
+    settings: Settings | None,
+) -> list[GradeRecord]:
+    """Grade one group of ``patch_groups`` with one grader run and store each member's grade
+    at once (a crash after it loses none of them); each grade still adds its own attempt's
+    tamper signals, touched tests and canary search (``grade_trial``)."""
+    first = group[0]
+    run: GraderRun | None = None
+    if first.outcome_class != "infra_error":
+        patch = (Path(first.artifacts_dir) / RAW_PATCH).read_text()
+        run = grader_run(exp, first, patch, checks.get(first.task), paths, settings)
+    return [grade_and_store(exp, store, t, checks, run_id, paths, settings, run) for t in group]
 
 
 def run_grades(
@@ -155,14 +198,24 @@ def run_grades(
     out |= {k: GradePartition(k, grade=g, reused=g.run_id != run_id) for k, g in plan.kept.items()}
     checks = store.base_checks(exp.experiment_id)
 
-    def one(trial: TrialRecord) -> GradeRecord:
-        return grade_and_store(exp, store, trial, checks, run_id, paths, settings)
-
     if why := interrupted():  # the process is stopping: the next run grades them (pending)
         out |= {k: GradePartition(k, skipped=why) for k in plan.run}
         return out
     trials = [latest[k.key] for k in plan.run]
-    for trial, grade in concurrently(trials, one, exp.spec.parallel):
-        key = TrialKey.parse(trial.trial_key)
-        out[key] = GradePartition(key, grade=grade)
+    # A regrade has every stored patch at once: each distinct one is run once (patch_groups);
+    # otherwise every attempt is a group of its own.
+    groups = patch_groups(exp, trials) if exp.regrade_of else [[t] for t in trials]
+
+    def one(group: list[TrialRecord]) -> list[GradeRecord] | str:
+        if why := interrupted():  # stopping: no grader run starts, the next run grades them
+            return why
+        return grade_group(exp, store, group, checks, run_id, paths, settings)
+
+    for group, made in concurrently(groups, one, exp.spec.parallel):
+        for i, trial in enumerate(group):
+            key = TrialKey.parse(trial.trial_key)
+            if isinstance(made, str):
+                out[key] = GradePartition(key, skipped=made)
+            else:
+                out[key] = GradePartition(key, grade=made[i])
     return out

@@ -220,6 +220,9 @@ def grade_metadata(part: GradePartition, canary: str, trial: TrialLinks | None =
         "touched_tests": _joined(g.touched_tests),
         "contamination": _joined(g.contamination),
         "task_invalid": g.task_invalid,
+        "grader_digest": g.grader_digest,
+        # a regrade's grade: the one it replaces (that experiment keeps it)
+        "regrade_of": dg.MetadataValue.json(g.regrade_of) if g.regrade_of else None,
         "graded_in_run": _run(g.run_id),
         **links,
     }

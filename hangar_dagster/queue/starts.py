@@ -120,6 +120,8 @@ def planned_trials(exp: ResolvedExperiment) -> int:
 
 
 def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pending:
+    if exp.regrade_of is not None:  # it grades stored patches: it never starts a trial
+        return Pending(grades=ungraded(exp, store))
     attempts = store.attempts(exp.experiment_id)
     tried = {t.trial_key for t in attempts}
     plan = plan_retries(attempts, planned_trials(exp), settings.infra_retries)

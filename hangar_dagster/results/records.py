@@ -189,6 +189,9 @@ class GradeRecord(Record):
     canary_files: int = 0  # hidden files that carried the canary line in this grader run
     # Where the hidden tests' modules were loaded from: {module: {from, path}} (docs/grading.md).
     provenance: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # A regrade's grade (experiment/regrade.py): the grade it replaces, {experiment_id,
+    # trial_key, attempt, grader_digest}; that grade stays in its experiment, readable.
+    regrade_of: dict[str, Any] | None = None
     # Not a column: the grade's per-test rows, which Store.put writes to grade_tests with it.
     _tests: list[GradeTestRecord] = PrivateAttr(default_factory=list)
 

@@ -140,6 +140,11 @@ class Report:
     readback: tuple[str, ...]
     standin: bool  # a variant ran the scripted stand-in agent, not a model
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The grader digest each grade of a counting attempt was made under (a regrade's is the
+    # new grader's; a reused grade keeps the one that made it), with how many; and the
+    # experiment a regrade graded again.
+    graders: dict[str, int] = field(default_factory=dict)
+    regrade_of: str | None = None
     # Per trial key, the attempt that counts with its grade and tests: the trial pages.
     evidence: tuple[Evidence, ...] = field(default_factory=tuple)
 
@@ -649,6 +654,8 @@ def report_of(exp: ResolvedExperiment, stored: Stored) -> Report:
         readback=(),
         standin=any(v.adapter == "standin" for v in exp.variants.values()),
         evidence=evidence,
+        graders=dict(sorted(Counter(g.grader_digest for g in grades.values()).items())),
+        regrade_of=exp.regrade_of,
     )
     return replace(report, readback=tuple(readback(page_of(report))))
 
@@ -821,6 +828,21 @@ def _question_lines(report: Report) -> list[tuple[str, str]]:
     ]
 
 
+def grader_line(report: Report) -> str | None:
+    """Which grader each number was graded by (and what a regrade replaced), or None ungraded."""
+    if not report.graders:
+        return None
+    said = "graded by " + ", ".join(
+        f"grader {d} ({n} grade{'s' if n != 1 else ''})" for d, n in report.graders.items()
+    )
+    if report.regrade_of:
+        said += (
+            f"; a regrade of {report.regrade_of}: its trials' stored patches graded again, "
+            "its own grades unchanged"
+        )
+    return said
+
+
 def to_markdown(report: Report, figure: str | None = "figure.png") -> str:
     out = [f"# {report.name} ({report.experiment_id})", ""]
     for k, t in _question_lines(report):
@@ -828,6 +850,8 @@ def to_markdown(report: Report, figure: str | None = "figure.png") -> str:
     out.append("")
     if report.standin:
         out += ["> Stand-in: the scripted stand-in agent (no model) produced these trials.", ""]
+    if graded := grader_line(report):
+        out += [f"Grader: {_md(graded)}", ""]
     if figure:
         out += [
             f"![pass rate per variant and the paired difference against the baseline]({figure})",
@@ -894,6 +918,8 @@ def to_html(report: Report, png: bytes | None) -> str:
         parts.append(
             "<p class=standin>Stand-in: the scripted stand-in agent (no model) produced these trials.</p>"
         )
+    if graded := grader_line(report):
+        parts.append(f"<p id=grader>Grader: {e(graded)}</p>")
     if png:
         data = base64.b64encode(png).decode()
         parts.append(

@@ -8,9 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-from typing import Any
 
-import factories as f
 import pytest
 import yaml
 
@@ -21,71 +19,15 @@ from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.budget import month_report
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
-from hangar_dagster.trials.trial import RAW_PATCH, STARTED_MARKER, pinned_fields
+from hangar_dagster.trials.trial import RAW_PATCH, STARTED_MARKER
+from tests.reusefixtures import finish, finished_first, spec_file
 
 pytestmark = pytest.mark.unit
-
-PATCH = "diff --git a/stats.py b/stats.py\n--- a/stats.py\n+++ b/stats.py\n@@ -1 +1 @@\n-a\n+b\n"
-
-
-def spec_file(example_dir: Path, name: str, edit: dict[str, Any] | None = None) -> Path:
-    """The example's spec, one trial per task, with a trial budget (it binds a trial too),
-    edited by dotted path."""
-    data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
-    data["trial_job_budget"] = {"max_cost_usd": 3.0}
-    data["trials"] = 1
-    data["author"] = "tester"
-    for dotted, value in (edit or {}).items():
-        target = data
-        *parents, last = dotted.split(".")
-        for part in parents:
-            target = target[int(part)] if part.isdigit() else target[part]
-        target[last] = value
-    path = example_dir / f"reuse-{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def finish(
-    exp: ResolvedExperiment, store: Store, *, ago: dt.timedelta, keys: list[str] | None = None
-) -> None:
-    """Store ``exp``'s trials (all, or ``keys``) as its trials and grades stages store them,
-    finished ``ago`` before now; the slugify trials fail their grade."""
-    p = paths()
-    when = dt.datetime.now(dt.UTC) - ago
-    for key in exp.trial_keys():
-        if (keys is not None and key.key not in keys) or key.key in _stored(store, exp):
-            continue
-        art = p.trial_artifacts(exp.experiment_id, key.key, 1)
-        art.mkdir(parents=True)
-        (art / RAW_PATCH).write_text(PATCH)
-        (art / STARTED_MARKER).write_text("{}")
-        fields = pinned_fields(exp, key, 1, None, f"run-{exp.experiment_id}", frozenset())
-        store.put(
-            f.grade(
-                key.variant,
-                key.task,
-                key.replicate,
-                passed=key.task != "slugify",
-                experiment_id=exp.experiment_id,
-                grader_digest=exp.grader_digest,
-                graded_at=when,
-            )
-        )
-        times = {"started_at": when - dt.timedelta(seconds=5), "finished_at": when}
-        store.put(f.trial(**(fields | times), agent_is_standin=True, artifacts_dir=str(art)))
-
-
-def _stored(store: Store, exp: ResolvedExperiment) -> set[str]:
-    return {t.trial_key for t in store.trials(exp.experiment_id, all_attempts=True)}
 
 
 @pytest.fixture
 def first(example_dir: Path, hangar_home: Path) -> tuple[ResolvedExperiment, Store]:
-    exp = submit(spec_file(example_dir, "first"), Settings.from_env())
-    store = Store(paths())
-    finish(exp, store, ago=dt.timedelta(hours=1))
-    return exp, store
+    return finished_first(example_dir, "first")
 
 
 def test_the_same_spec_again_reuses_all_but_one_health_trial_per_variant(

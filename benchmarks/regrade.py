@@ -1,0 +1,91 @@
+"""What a regrade costs against running the trials again: 100 stored trials.
+
+    .venv/bin/python benchmarks/regrade.py [--trials 25]
+
+In one fresh ``HANGAR_HOME`` (``HANGAR_EVAL_WINDOW=always``), the bundled example narrowed to two
+tasks (median, durations), both variants, ``--trials`` each (25: 100 trials):
+
+1. ``hangar experiment run SPEC --wait``: the trials run and are graded. This is what running
+   them again costs (the same spec with reuse off: every trial runs);
+2. the grader changes (``grader.timeout_s``) and ``hangar experiment regrade EXP --spec NEW``
+   grades every stored patch again, no agent run.
+
+Prints both wall times, their ratio, the trials, and how many distinct patches the regrade
+graded (each once). The figures go into docs/performance.md ("Reuse and regrade").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.reuse import EXAMPLE, hangar  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=25)
+    trials = parser.parse_args().trials
+    work = Path(tempfile.mkdtemp(prefix="hangar-regrade-bench-"))
+    try:
+        ex = work / "example"
+        shutil.copytree(EXAMPLE, ex, ignore=shutil.ignore_patterns("repos", "__pycache__"))
+        subprocess.run(
+            [sys.executable, str(ex / "make_repos.py"), "--out", str(ex / "repos")],
+            check=True,
+            capture_output=True,
+        )
+        data: dict[str, Any] = yaml.safe_load((ex / "experiment.yaml").read_text())
+        data["tasks"] = [t for t in data["tasks"] if t["id"] in ("median", "durations")]
+        data.update(trials=trials, reuse={"enabled": False})
+        first = ex / "first.yaml"
+        first.write_text(yaml.safe_dump(data))
+        data["grader"]["timeout_s"] = 301
+        changed = ex / "changed.yaml"
+        changed.write_text(yaml.safe_dump(data))
+        home = work / "home"
+
+        started = time.monotonic()
+        ran = hangar(home, "experiment", "run", str(first), "--wait")
+        run_s = time.monotonic() - started
+        if ran.returncode != 0:
+            raise SystemExit(f"the run failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
+        eid = ran.stdout.split("submitted ")[1].split()[0]
+
+        started = time.monotonic()
+        again = hangar(home, "experiment", "regrade", eid, "--spec", str(changed))
+        regrade_s = time.monotonic() - started
+        if again.returncode != 0:
+            raise SystemExit(f"the regrade failed ({again.returncode}):\n{again.stderr[-3000:]}")
+        new = again.stdout.split("submitted ")[1].split(":")[0]
+        old = json.loads(hangar(home, "experiment", "get", eid, "--json").stdout)
+        got = json.loads(hangar(home, "experiment", "get", new, "--json").stdout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    n = len(old["trials"])
+    distinct = {(a["task"], a["patch_sha256"]) for a in old["attempts"]}
+    agents = sum(1 for a in got["attempts"] if not a.get("reused_from"))
+    same = {r["variant"]: r["pass_rate_pts"] for r in old["summary"]} == {
+        r["variant"]: r["pass_rate_pts"] for r in got["summary"]
+    }
+    print(f"run --wait of {n} trials (= running them again): {run_s:7.1f} s")
+    print(f"regrade of the {n} stored patches:             {regrade_s:7.1f} s")
+    print(f"regrade / rerun: {regrade_s / run_s:.3f}   (goal: under 0.10)")
+    print(f"distinct patches graded: {len(distinct)}; agent runs in the regrade: {agents}")
+    print(f"pass rates unchanged by a timeout-only grader change: {same}")
+
+
+if __name__ == "__main__":
+    main()
