@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.reuse import EXAMPLE, hangar  # noqa: E402
+from benchmarks.reuse import hangar  # noqa: E402
+from tests.conftest import copy_example  # noqa: E402
 
 
 def main() -> None:
@@ -40,13 +40,7 @@ def main() -> None:
     trials = parser.parse_args().trials
     work = Path(tempfile.mkdtemp(prefix="hangar-regrade-bench-"))
     try:
-        ex = work / "example"
-        shutil.copytree(EXAMPLE, ex, ignore=shutil.ignore_patterns("repos", "__pycache__"))
-        subprocess.run(
-            [sys.executable, str(ex / "make_repos.py"), "--out", str(ex / "repos")],
-            check=True,
-            capture_output=True,
-        )
+        ex = copy_example(work / "example")  # the tests' 3-task cut, its repos made
         data: dict[str, Any] = yaml.safe_load((ex / "experiment.yaml").read_text())
         data["tasks"] = [t for t in data["tasks"] if t["id"] in ("median", "durations")]
         data.update(trials=trials, reuse={"enabled": False})
