@@ -10,7 +10,7 @@ events), loaded in batches straight
 into the engine (the embedded DuckDB file, or the DuckLake through SQL), then the tally is
 built from those rows (``Store.rebuild_tally``, what a home from before the tally gets). Then,
 as medians of ``--repeat`` calls: ``queue.starts.blocker`` (window, monthly budgets, breaker,
-retry cap), ``next_attempt``, ``tokens_finished_since`` (the TPM throttle's question), and,
+retry cap), ``next_attempt``, ``tokens_since`` (the TPM throttle's question), and,
 as the median of 9, one ``Store.put`` of a new trial through the whole write path; then
 ``blocker`` again while another thread stores trials without pause (a trials run's other slots:
 the check takes no lock a put holds). For sizes up
@@ -157,7 +157,7 @@ def measure(store: Store, n: int, repeat: int, full_upto: int) -> dict[str, floa
         "blocker_ms": median_ms(lambda: blocker(exp, store, settings, NOW), repeat),
         "next_attempt_ms": median_ms(lambda: store.next_attempt(EXP, "v1/t1/1"), repeat),
         "tokens_since_ms": median_ms(
-            lambda: store.tokens_finished_since(NOW - dt.timedelta(minutes=1)), repeat
+            lambda: store.tokens_since(NOW - dt.timedelta(minutes=1)), repeat
         ),
     }
     counter = iter(range(10**6))

@@ -396,7 +396,11 @@ def _queue_state(exp: Any, store: Any, archived: bool) -> dict[str, Any]:
 
     settings = Settings.from_env()
     work = pending(exp, store, settings)
-    why = waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC)) if work.keys else None
+    why = (
+        waiting_reason(exp, store, settings, dt.datetime.now(dt.UTC), work.keys)
+        if work.keys
+        else None
+    )
     if work.keys and archived:
         why = "archived: `hangar experiment unarchive` lets them run"
     return {
@@ -634,7 +638,7 @@ def experiment_rows(settings: Settings) -> list[dict[str, Any]]:
             n_pending, done = len(work.keys), rec.trials_planned - len(work.keys)
             n_grades = len(work.grades)
             why = (
-                waiting_reason(exp, store, settings, now)
+                waiting_reason(exp, store, settings, now, work.keys)
                 if work.keys
                 else waiting_grades_note(n_grades)
                 if n_grades

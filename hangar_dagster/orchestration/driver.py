@@ -29,7 +29,13 @@ from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
-from hangar_dagster.queue.starts import base_checks_stored, blocker, invalid_tasks, pending
+from hangar_dagster.queue.starts import (
+    base_checks_stored,
+    blocker,
+    fit_blocker,
+    invalid_tasks,
+    pending,
+)
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
@@ -75,6 +81,10 @@ class StageFailed(RuntimeError):
         )
         self.stage = stage
         self.run_id = run_id
+
+
+# The waiting reasons `run --wait` sleeps through: the window will open, or close and open.
+WINDOW_REASONS = ("eval_window", "window_fit")
 
 
 def run_stages(
@@ -124,22 +134,17 @@ def run_stages(
     while work := pending(exp, store, settings):
         if cut := interrupted():  # also while sleeping for the window
             raise Interrupted(cut)
-        why = blocker(exp, store, settings, dt.datetime.now(dt.UTC))
+        now = dt.datetime.now(dt.UTC)
+        why = blocker(exp, store, settings, now) or fit_blocker(
+            exp, work.keys, store, settings, now
+        )
         # Grades missing (a crash between a trial and its grade) are graded whatever blocks a
         # start: the trials run grades every finished attempt, and starts no trial while blocked.
-        if why and not work.grades and why.startswith("eval_window") and window_wait:
+        if why and not work.grades and why.startswith(WINDOW_REASONS) and window_wait:
             say(f"waiting ({len(work.keys)} trials): {why}")
-            sleep(
-                min(
-                    60.0,
-                    max(
-                        1.0,
-                        (
-                            window.next_open(dt.datetime.now(dt.UTC)) - dt.datetime.now(dt.UTC)
-                        ).total_seconds(),
-                    ),
-                )
-            )
+            # Closed: until it opens. Open, but no trial fits: until it closes (then it is closed).
+            wake = window.next_open(now) if why.startswith("eval_window") else window.closes_at(now)
+            sleep(min(60.0, max(1.0, ((wake or now) - now).total_seconds())))
             continue
         if why and not work.grades:
             say(f"not starting {len(work.keys)} trials: {why}")

@@ -37,7 +37,13 @@ from hangar_dagster.orchestration.sensors import (
     stage_runs,
 )
 from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, stage_tags
-from hangar_dagster.queue.starts import OPEN_GRACE, blocker, open_schedule_name, pending
+from hangar_dagster.queue.starts import (
+    OPEN_GRACE,
+    blocker,
+    fit_blocker,
+    open_schedule_name,
+    pending,
+)
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
@@ -97,7 +103,7 @@ def open_decision(
     work = pending(exp, store, settings)
     if not work:
         return dg.SkipReason(f"{eid}: no trial is pending")
-    why = blocker(exp, store, settings, now)
+    why = blocker(exp, store, settings, now) or fit_blocker(exp, work.keys, store, settings, now)
     if why is not None:
         return dg.SkipReason(f"{eid}: {why}")
     opened = (window.opens_at(now) or now).astimezone(window.tz)

@@ -46,7 +46,13 @@ from hangar_dagster.queue.stage_runs import (
     deaths_in_a_row,
     retry_note,
 )
-from hangar_dagster.queue.starts import base_checks_stored, blocker, pending, schedule_grace
+from hangar_dagster.queue.starts import (
+    base_checks_stored,
+    blocker,
+    fit_blocker,
+    pending,
+    schedule_grace,
+)
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 
@@ -250,7 +256,9 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             if len(died) > STAGE_RUN_RETRIES:  # grading too: a run that keeps dying is not retried
                 out.waiting.append(f"{exp.experiment_id}: {after_failure('trials', died)}")
             else:
-                why = blocker(exp, store, settings, now)
+                why = blocker(exp, store, settings, now) or fit_blocker(
+                    exp, work.keys, store, settings, now
+                )
                 if why is None and not started_since(trials_runs, window.opens_at(now)):
                     why = schedule_grace(exp, window, now)
                 # A finished trial without a grade is graded by a trials run (its grades asset)

@@ -8,8 +8,12 @@ and the trials asset, so the three never disagree:
   every trial of a task its base check found invalid (``invalid_tasks``),
   and the finished attempts still waiting for a grade (``ungraded``);
 - ``blocker`` says why no trial may start now: the eval window is closed
-  (``eval_window``), a monthly budget is spent (``budget``) or the outage
-  breaker tripped (``outage``);
+  (``eval_window``), a monthly budget or the experiment's own ``budget.max_cost_usd`` is
+  spent (``budget``) or the outage breaker tripped (``outage``);
+- ``window_fit`` says why one trial may not start although the window is open: it could not
+  finish before the window closes (its ``timeout_s``, or the 90th percentile of its pin set's
+  measured durations on its task: ``trial_needs``); ``fit_blocker`` says it for a whole
+  experiment when none of its pending trials fits;
 - ``schedule_grace`` says when the driver sensor leaves an experiment to the
   window's opening schedule (``<experiment_id>__eval_window_open``) for
   ``OPEN_GRACE`` after the window opens; ``waiting_reason`` is what a person
@@ -185,6 +189,15 @@ def blocker(
     spent = budget.start_blocker(store, exp.author, now, settings.caps)
     if spent:
         return spent
+    if exp.spec.budget is not None:  # the experiment's own cap: running trials finish
+        cap = exp.spec.budget.max_cost_usd
+        used = store.experiment_spent(exp.experiment_id)
+        if used >= cap:
+            return (
+                f"budget: the experiment spent {used:.2f} of its budget.max_cost_usd "
+                f"{cap:.2f}; no new trial starts (raise budget.max_cost_usd in a new experiment "
+                "to run the rest)"
+            )
     per_key = settings.infra_retries
     state = store.start_state(exp.experiment_id, per_key)
     outage = breaker_note(state.streak, settings.breaker_streak)
@@ -206,6 +219,79 @@ def cap_reached(
     return plan_from_latest(
         store.open_infra(experiment_id, per_key), state.counted_retries, planned, per_key
     ).cap_reached
+
+
+# A pin set's measured durations on a task stand in for its timeout_s from this many on: fewer
+# make a 90th percentile that says little (docs/queue.md, "Starts that can finish").
+FIT_MIN_MEASURED = 3
+
+
+@dataclass(frozen=True)
+class Need:
+    """How long a trial must be expected to take, and from what (for the waiting reason)."""
+
+    seconds: float
+    basis: str
+
+
+def trial_needs(
+    exp: ResolvedExperiment, keys: list[TrialKey], store: Store
+) -> dict[TrialKey, Need]:
+    """Per key: the 90th percentile of its variant's pin set's measured durations on its task
+    once FIT_MIN_MEASURED are stored (never above the timeout, which ends it), else the
+    variant's ``timeout_s``."""
+    measured = store.duration_p90s(sorted({exp.variants[k.variant].pin_set for k in keys}))
+    out = {}
+    for k in keys:
+        variant = exp.variants[k.variant]
+        timeout = float(variant.environment.resources.timeout_s)
+        p90, n = measured.get((variant.pin_set, k.task), (timeout, 0))
+        if n >= FIT_MIN_MEASURED and p90 < timeout:
+            out[k] = Need(p90, f"the 90th percentile of {n} measured trials of its pin set")
+        else:
+            out[k] = Need(timeout, "its timeout_s")
+    return out
+
+
+def window_fit(need: Need, window: EvalWindow, now: dt.datetime) -> str | None:
+    """Why a trial needing ``need`` may not start at ``now`` (it would outlast the window and
+    be drained, paid for twice), or None: it fits, or the window is always open."""
+    closes = window.closes_at(now)
+    if closes is None:
+        return None  # always open; a closed window is ``blocker``'s
+    left = (closes - now).total_seconds()
+    if need.seconds <= left:
+        return None
+    return (
+        f"window_fit: needs {need.seconds:.0f} s ({need.basis}) and the eval window closes at "
+        f"{closes.astimezone(window.tz):%H:%M %Z}, {left:.0f} s from now"
+    )
+
+
+def fit_blocker(
+    exp: ResolvedExperiment,
+    keys: list[TrialKey],
+    store: Store,
+    settings: Settings,
+    now: dt.datetime,
+) -> str | None:
+    """Why none of the pending ``keys`` may start before the window closes, or None (one fits,
+    there are none, or the window never closes)."""
+    closes = settings.window.closes_at(now)
+    if not keys or closes is None:
+        return None
+    longest = max(v.environment.resources.timeout_s for v in exp.variants.values())
+    if (closes - now).total_seconds() >= longest:
+        return None  # every trial fits in its timeout: no need to read the measured durations
+    needs = trial_needs(exp, keys, store)
+    key = min(keys, key=lambda k: needs[k].seconds)
+    why = window_fit(needs[key], settings.window, now)
+    if why is None:
+        return None
+    return (
+        f"{why}: the shortest of the {len(keys)} pending trials ({key.key}) does not fit; "
+        "they start when the window next opens"
+    )
 
 
 def open_schedule_name(experiment_id: str) -> str:
@@ -230,10 +316,19 @@ def schedule_grace(exp: ResolvedExperiment, window: EvalWindow, now: dt.datetime
 
 
 def waiting_reason(
-    exp: ResolvedExperiment, store: Store, settings: Settings, now: dt.datetime
+    exp: ResolvedExperiment,
+    store: Store,
+    settings: Settings,
+    now: dt.datetime,
+    keys: list[TrialKey],
 ) -> str | None:
-    """Why ``exp``'s pending trials are not started at ``now``: ``blocker``, else the opening grace."""
-    return blocker(exp, store, settings, now) or schedule_grace(exp, settings.window, now)
+    """Why ``exp``'s pending ``keys`` are not started at ``now``: ``blocker``, else none of them
+    fits before the window closes, else the opening grace."""
+    return (
+        blocker(exp, store, settings, now)
+        or fit_blocker(exp, keys, store, settings, now)
+        or schedule_grace(exp, settings.window, now)
+    )
 
 
 def parse_tpm_budget(raw: str) -> int | None:
@@ -253,10 +348,11 @@ def parse_tpm_budget(raw: str) -> int | None:
 
 
 class TokenThrottle:
-    """Holds trial starts while the tokens of trials finished in the last minute reach the budget.
+    """Holds trial starts while the tokens used in the last minute reach the budget.
 
-    Tokens are known once a trial ends, so this paces starts by recent use rather
-    than metering tokens in flight; trials already running are never stopped.
+    ``recent_tokens`` (``Store.tokens_since``) counts the trials finished in that minute and
+    the model answers of trials still running (the model proxy reports each answer's tokens
+    as it passes: their live usage); trials already running are never stopped.
     """
 
     def __init__(

@@ -526,6 +526,13 @@ class LakeStore(Store):
         with self._pg().cursor() as cur:  # autocommit: each question one round trip
             yield _SQL, cur
 
+    @contextmanager
+    def _tally_write(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        with self._tally():  # built, as for a read
+            pass
+        with self._pg_tx() as cur:
+            yield _SQL, cur
+
     def _build_tally(self, cur: Cursor) -> None:
         """Fill a new (or outdated) tally from the DuckLake's trials and experiments."""
         trials = self._query(f"SELECT {', '.join(TRIAL_COLUMNS)} FROM trials", [])

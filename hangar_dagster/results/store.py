@@ -176,6 +176,13 @@ class Store:
         with self._tally() as (sql, cur):
             return sql.attempts(cur, experiment_id)
 
+    def experiment_spent(self, experiment_id: str) -> float:
+        """What the experiment's attempts cost so far, from the tally (``budget.max_cost_usd``)."""
+        if not self._has_trials():
+            return 0.0
+        with self._tally() as (sql, cur):
+            return sql.experiment_spend(cur, experiment_id)
+
     def spent_by_author(self, month: str) -> dict[str, float]:
         """Author -> what their experiments' attempts finished in ``month`` (UTC) cost, as the
         ``budget_ledger`` view counts it (an experiment with no stored record counts for nobody)."""
@@ -406,10 +413,25 @@ class Store:
             [month, month, month],
         )
 
-    def tokens_finished_since(self, since: dt.datetime) -> int:
-        """Tokens of every trial attempt (all experiments) that finished after ``since``."""
+    def tokens_since(self, since: dt.datetime) -> int:
+        """Tokens used after ``since``, every experiment: trial attempts that finished, and the
+        model answers to attempts still running (``add_live_tokens``)."""
         with self._tally() as (sql, cur):
             return sql.tokens_since(cur, since)
+
+    def add_live_tokens(
+        self, experiment_id: str, trial_key: str, attempt: int, tokens: int, at: dt.datetime
+    ) -> None:
+        """Count a running attempt's model answer toward the TPM throttle at once (its own row,
+        when stored, replaces these)."""
+        with self._tally_write() as (sql, cur):
+            sql.live_add(cur, experiment_id, trial_key, attempt, tokens, at)
+
+    @contextmanager
+    def _tally_write(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        """One write transaction on the tally."""
+        raise NotImplementedError  # each backend has its own
+        yield  # pragma: no cover
 
     def graded_attempts(self, experiment_id: str) -> set[tuple[str, int]]:
         """(trial key, attempt) of every stored grade of the experiment (two narrow columns)."""
@@ -432,6 +454,20 @@ class Store:
             list(pin_sets),
         )
         return {(r["pin_set"], r["task"]): float(r["s"]) for r in rows}
+
+    def duration_p90s(self, pin_sets: list[str]) -> dict[tuple[str, str], tuple[float, int]]:
+        """(pin set, task) -> (90th percentile of a finished attempt's seconds, how many were
+        measured), over every experiment that ran that pin set and measured it itself (a
+        reused row repeats a measurement): whether a trial can finish before the window closes."""
+        if not pin_sets:
+            return {}
+        rows = self._query(
+            "SELECT pin_set, task, quantile_cont(duration_s, 0.9) AS p90, count(*) AS n "
+            "FROM trials WHERE outcome_class != 'infra_error' AND reused_from IS NULL "
+            f"AND pin_set IN ({', '.join('?' * len(pin_sets))}) GROUP BY pin_set, task",
+            list(pin_sets),
+        )
+        return {(r["pin_set"], r["task"]): (float(r["p90"]), int(r["n"])) for r in rows}
 
     def summary(self, experiment_id: str) -> list[dict[str, Any]]:
         """Per variant: trials, passed, graded, pass_rate_pts, outcome counts (variant_summary)."""
@@ -781,6 +817,14 @@ class EmbeddedStore(Store):
             self._build_tally(con)
         self._heal_tally()
         yield _SQL, cur
+
+    @contextmanager
+    def _tally_write(self) -> Iterator[tuple[TallySQL, Cursor]]:
+        con = _tally_db(self.paths.tally)
+        if not _SQL.built(con.cursor()):
+            self._build_tally(con)
+        with local.write(con) as cur:
+            yield _SQL, cur
 
     def _build_tally(self, con: sqlite3.Connection) -> None:
         """Fill a new (or outdated) tally from DuckDB, itself level with Parquet first.

@@ -49,7 +49,7 @@ def unfinished(
     work = pending(exp, store, settings)
     out = []
     if work.keys:
-        why = waiting_reason(exp, store, settings, now) or "ready to start"
+        why = waiting_reason(exp, store, settings, now, work.keys) or "ready to start"
         out.append(f"{len(work.keys)} trial(s) not run: {why}")
     if work.grades:
         out.append(waiting_grades_note(len(work.grades)))
@@ -80,7 +80,7 @@ def summarize(
         # Why trials are still missing, if they are: the window, a spent budget, the breaker;
         # else why the pass rate is not final yet.
         waiting_for=(
-            waiting_reason(exp, store, settings, now)
+            waiting_reason(exp, store, settings, now, work.keys)
             if work.keys
             else waiting_grades_note(len(work.grades))
             if work.grades

@@ -78,6 +78,8 @@ DDL: tuple[str, ...] = (
   attempts BIGINT NOT NULL,
   cost_usd DOUBLE PRECISION NOT NULL,
   PRIMARY KEY (month, experiment_id))""",
+    # an experiment's own budget (budget.max_cost_usd): its spend over every month
+    "CREATE INDEX IF NOT EXISTS tally_spend_experiment ON tally_spend (experiment_id)",
     """CREATE TABLE IF NOT EXISTS tally_experiments (
   experiment_id TEXT PRIMARY KEY,
   author TEXT NOT NULL)""",
@@ -99,6 +101,16 @@ DDL: tuple[str, ...] = (
   PRIMARY KEY (experiment_id, trial_key))""",
     "CREATE INDEX IF NOT EXISTS tally_open_counted ON tally_open_infra "
     "(experiment_id, attempt) WHERE counts_toward_cap = 1",
+    # the TPM throttle's live part: tokens of model answers to attempts still running, as the
+    # model proxy saw them; an attempt's rows go when its own row arrives (it counts them all)
+    """CREATE TABLE IF NOT EXISTS tally_live (
+  experiment_id TEXT NOT NULL,
+  trial_key TEXT NOT NULL,
+  attempt BIGINT NOT NULL,
+  at_us BIGINT NOT NULL,
+  tokens BIGINT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS tally_live_at ON tally_live (at_us)",
+    "CREATE INDEX IF NOT EXISTS tally_live_attempt ON tally_live (experiment_id, trial_key, attempt)",
 )
 TABLES = (
     "tally_attempts",
@@ -107,7 +119,11 @@ TABLES = (
     "tally_meta",
     "tally_retries_counted",
     "tally_open_infra",
+    "tally_live",
 )
+# Live rows older than this are dropped as new ones come: an attempt that never finished (its
+# run died) left them, and the throttle looks back one minute only.
+LIVE_KEEP = dt.timedelta(hours=1)
 
 # The trial columns a tally row is made from (what a rebuild selects from the store).
 TRIAL_COLUMNS = (
@@ -285,7 +301,16 @@ class TallySQL:
                 ),
                 r,
             )
-            if cur.rowcount != 1:
+            inserted = cur.rowcount == 1
+            # its live tokens are in its own row now (also when it was counted before)
+            cur.execute(
+                self.q(
+                    "DELETE FROM tally_live WHERE experiment_id = ? AND trial_key = ? "
+                    "AND attempt = ?"
+                ),
+                [r[0], r[1], r[2]],
+            )
+            if not inserted:
                 continue  # already counted
             added += 1
             self._count_retry(cur, r)
@@ -508,11 +533,51 @@ class TallySQL:
         return int(got[0] or 0) + 1
 
     def tokens_since(self, cur: Cursor, since: dt.datetime) -> int:
+        """Tokens of the attempts finished after ``since`` and of the model answers after it to
+        attempts still running (their live usage), every experiment."""
         cur.execute(
-            self.q("SELECT coalesce(sum(tokens), 0) FROM tally_attempts WHERE finished_us > ?"),
-            [micros(since)],
+            self.q(
+                "SELECT (SELECT coalesce(sum(tokens), 0) FROM tally_attempts WHERE finished_us > ?)"
+                " + (SELECT coalesce(sum(tokens), 0) FROM tally_live WHERE at_us > ?)"
+            ),
+            [micros(since), micros(since)],
         )
         return int(cur.fetchone()[0])
+
+    def live_add(
+        self,
+        cur: Cursor,
+        experiment_id: str,
+        trial_key: str,
+        attempt: int,
+        tokens: int,
+        at: dt.datetime,
+    ) -> None:
+        """One model answer's tokens to a running attempt (the model proxy's count)."""
+        cur.execute(self.q("DELETE FROM tally_live WHERE at_us < ?"), [micros(at - LIVE_KEEP)])
+        cur.execute(
+            self.q(
+                "SELECT 1 FROM tally_attempts WHERE experiment_id = ? AND trial_key = ? AND attempt = ?"
+            ),
+            [experiment_id, trial_key, attempt],
+        )
+        if cur.fetchone() is not None:
+            return  # finished and counted whole already (an answer logged after its end)
+        cur.execute(
+            self.q(
+                "INSERT INTO tally_live (experiment_id, trial_key, attempt, at_us, tokens) "
+                "VALUES (?, ?, ?, ?, ?)"
+            ),
+            [experiment_id, trial_key, attempt, micros(at), tokens],
+        )
+
+    def experiment_spend(self, cur: Cursor, experiment_id: str) -> float:
+        """What the experiment's attempts cost, every month together (reused ones cost 0)."""
+        cur.execute(
+            self.q("SELECT coalesce(sum(cost_usd), 0) FROM tally_spend WHERE experiment_id = ?"),
+            [experiment_id],
+        )
+        return float(cur.fetchone()[0])
 
     def spend(self, cur: Cursor, month: str) -> list[tuple[str, float, str | None]]:
         """(experiment, spent in ``month``, its author or None if not known here) per experiment."""

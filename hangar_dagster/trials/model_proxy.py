@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -188,6 +188,45 @@ def inspect_response(content_type: str, data: bytes, whole: bool) -> tuple[str |
         except ValueError:
             return None, "the body is not valid JSON"
     return None, None
+
+
+def _usages(obj: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """Every ``usage`` object an answer's JSON holds, at its top or a few levels in."""
+    if not isinstance(obj, dict) or depth > 3:
+        return
+    if isinstance(obj.get("usage"), dict):
+        yield obj["usage"]
+    for value in obj.values():
+        if isinstance(value, dict):
+            yield from _usages(value, depth + 1)
+
+
+def response_tokens(content_type: str, data: bytes) -> int:
+    """Input plus output tokens a 2xx answer reports, from its JSON body or its event stream.
+
+    Anthropic's stream says its input in ``message_start`` and its output so far, cumulative,
+    in each ``message_delta``; OpenAI's chat and responses APIs say both in a final ``usage``.
+    So the largest of each seen counts; 0 when the answer says none.
+    """
+    text = data.decode("utf-8", errors="replace")
+    if "text/event-stream" in content_type:
+        chunks = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    else:
+        chunks = [text]
+    read_in = read_out = 0
+    for chunk in chunks:
+        try:
+            obj = json.loads(chunk)
+        except ValueError:
+            continue
+        for usage in _usages(obj):
+            got_in = usage.get("input_tokens", usage.get("prompt_tokens"))
+            got_out = usage.get("output_tokens", usage.get("completion_tokens"))
+            if isinstance(got_in, int):
+                read_in = max(read_in, got_in)
+            if isinstance(got_out, int):
+                read_out = max(read_out, got_out)
+    return read_in + read_out
 
 
 def log_entries(egress_text: str) -> list[dict[str, Any]]:
@@ -390,6 +429,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 entry["response_model"] = model
             if broken:
                 entry["stream_error"] = broken
+            tokens = response_tokens(upstream.getheader("Content-Type") or "", bytes(kept))
+            if tokens:
+                entry["tokens"] = tokens
+                proxy.count_tokens(tokens, entry)
         entry.update(
             status=upstream.status,
             response_bytes=sent,
@@ -433,9 +476,16 @@ class ModelProxy:
     """The host side: a reverse proxy on the unix socket ``socket_path`` to ``upstream``."""
 
     def __init__(
-        self, provider: Provider, upstream: str, key: str | None, socket_path: Path, egress: Path
+        self,
+        provider: Provider,
+        upstream: str,
+        key: str | None,
+        socket_path: Path,
+        egress: Path,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> None:
         self.provider: Provider = provider
+        self.on_tokens = on_tokens
         self.upstream = upstream
         self._key = key
         self.socket_path = socket_path
@@ -445,6 +495,15 @@ class ModelProxy:
         self.gave_up = threading.Event()
         self._failing = 0
         self._count_lock = threading.Lock()
+
+    def count_tokens(self, tokens: int, entry: dict[str, Any]) -> None:
+        """Tell ``on_tokens`` (the TPM throttle's live count) at once; never fails the answer."""
+        if self.on_tokens is None:
+            return
+        try:
+            self.on_tokens(tokens)
+        except Exception as err:  # the throttle counts the tokens at the trial's end anyway
+            entry["live_tokens_error"] = f"{type(err).__name__}: {err}"
 
     def note(self, status: int, broken: bool = False) -> None:
         """Count one answer: the first 401/403, or GIVE_UP_AFTER 5xx/429/broken answers in a
@@ -517,7 +576,7 @@ def model_access(provider: Provider, ctx: AgentContext) -> Iterator[ModelAccess]
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     egress = ctx.out_dir / EGRESS_NAME
     egress.touch()
-    proxy = ModelProxy(provider, upstream, key, socket_path, egress)
+    proxy = ModelProxy(provider, upstream, key, socket_path, egress, ctx.on_tokens)
     proxy.start()
     port = _free_port()
     cancel, done = threading.Event(), threading.Event()

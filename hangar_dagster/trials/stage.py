@@ -5,7 +5,8 @@ Before anything starts it closes the attempts a dead run left behind
 ones, keep the finished ones, skip the rest) and stores the queue's notes.
 Keys to run start concurrently, at most the spec's ``parallel``, each once the
 tokens-per-minute throttle allows it and only while nothing blocks a start
-(window, budget, breaker) and no drain was asked for; each finished attempt is
+(window, budget, breaker), the trial can finish before the window closes
+(``queue.starts.window_fit``) and no drain was asked for; each finished attempt is
 stored the moment it ends and graded at once in the same slot (the grades step
 of the run then reports those grades and grades any a failure left). Keys start
 longest expected work first (a trial and its grade, from earlier runs of the
@@ -25,7 +26,14 @@ from hangar_dagster.grading.stage import grade_and_store
 from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
 from hangar_dagster.queue.partitions import NOT_PENDING, longest_first, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
-from hangar_dagster.queue.starts import TokenThrottle, blocker, pending, record_queue_notes
+from hangar_dagster.queue.starts import (
+    TokenThrottle,
+    blocker,
+    pending,
+    record_queue_notes,
+    trial_needs,
+    window_fit,
+)
 from hangar_dagster.results.records import TrialRecord
 from hangar_dagster.results.store import DuplicateRecordError, Store
 from hangar_dagster.settings import Settings
@@ -114,7 +122,10 @@ def run_trials(
     out |= {k: TrialPartition(k, record=t, reused=True) for k, t in plan.kept.items()}
     for said in record_overlay_pins(exp, store, run_id):  # a crash may have left one
         log.info(said)
-    throttle = TokenThrottle(store.tokens_finished_since, settings.tpm_budget)
+    throttle = TokenThrottle(store.tokens_since, settings.tpm_budget)
+    # What each trial must be given before the window closes (a window that never closes asks
+    # for nothing): one that would outlast it waits for the next window rather than be drained.
+    needs = trial_needs(exp, plan.run, store) if not window.always else {}
 
     def drain_reason(now: dt.datetime) -> str | None:
         if cut := interrupted():  # a signal to this process: its trials end, not drain
@@ -132,10 +143,12 @@ def run_trials(
         def one(key: TrialKey) -> TrialRecord | str:
             throttle.wait(cancelled=watcher.cancel.is_set)
             # An interrupt stops starts at once, not at the watcher's next look.
+            now = dt.datetime.now(dt.UTC)
             why = (
                 interrupted()
                 or watcher.why
-                or blocker(exp, store, settings, dt.datetime.now(dt.UTC))
+                or blocker(exp, store, settings, now)
+                or (window_fit(needs[key], window, now) if key in needs else None)
             )
             if why:
                 return why  # not started; a later run picks it up

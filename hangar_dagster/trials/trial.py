@@ -35,6 +35,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from hangar_dagster.experiment.plan import (
 from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.queue.drain import TrialCancel
 from hangar_dagster.results.records import OutcomeClass, TrialRecord, utcnow
+from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.standins.agent import sandbox_path
 from hangar_dagster.trials.agents import (
@@ -282,6 +284,16 @@ def _execute(req: TrialRequest, work: Path, state: _Trial, settings: Settings) -
     _finish(req, work, state, sandbox, harness, git_dir, base, grant)
 
 
+def _live_tokens(req: TrialRequest, settings: Settings) -> Callable[[int], None] | None:
+    """Counts each model answer's tokens toward the TPM throttle while the trial runs (every
+    run worker's throttle reads the same tally); None when no TPM budget is set."""
+    if settings.tpm_budget is None:
+        return None
+    store = Store(settings.paths)
+    eid, key, attempt = req.experiment.experiment_id, req.key.key, req.attempt
+    return lambda n: store.add_live_tokens(eid, key, attempt, n, dt.datetime.now(dt.UTC))
+
+
 def _run_agent(
     req: TrialRequest,
     work: Path,
@@ -312,6 +324,7 @@ def _run_agent(
         settings=settings,
         max_cost_usd=exp.spec.trial_job_budget.max_cost_usd if exp.spec.trial_job_budget else None,
         cancel=req.cancel if req.cancel is not None else threading.Event(),
+        on_tokens=_live_tokens(req, settings),
     )
     state.secrets = secret_values(ctx.env)
     try:

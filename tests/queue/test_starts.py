@@ -9,16 +9,21 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 
-from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.stages import stage_tags
 from hangar_dagster.queue.starts import (
+    FIT_MIN_MEASURED,
     OPEN_GRACE,
+    Need,
     TokenThrottle,
     blocker,
+    fit_blocker,
     pending,
     record_queue_notes,
+    trial_needs,
     waiting_reason,
+    window_fit,
 )
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.records import TrialRecord
@@ -134,9 +139,13 @@ def test_waiting_reason_names_the_opening_schedule_during_its_grace(
 ) -> None:
     store = Store(paths())
     opens = dt.datetime(2027, 1, 15, 20, 0, tzinfo=NY)  # after the submission (now)
-    at_two = waiting_reason(exp, store, f.settings(NIGHTLY), opens.replace(hour=14))
+    at_two = waiting_reason(
+        exp, store, f.settings(NIGHTLY), opens.replace(hour=14), exp.trial_keys()
+    )
     assert at_two is not None and at_two.startswith("eval_window: ")
-    why = waiting_reason(exp, store, f.settings(NIGHTLY), opens + dt.timedelta(seconds=30))
+    why = waiting_reason(
+        exp, store, f.settings(NIGHTLY), opens + dt.timedelta(seconds=30), exp.trial_keys()
+    )
     assert why == (
         "eval_window_open: the window opened at 20:00 EST; schedule "
         f"{exp.experiment_id}__eval_window_open starts these trials (the driver sensor "
@@ -145,11 +154,16 @@ def test_waiting_reason_names_the_opening_schedule_during_its_grace(
     assert (
         blocker(exp, store, f.settings(NIGHTLY), opens) is None
     )  # a trial may start: the grace is no block
-    assert waiting_reason(exp, store, f.settings(NIGHTLY), opens + OPEN_GRACE) is None
+    assert (
+        waiting_reason(exp, store, f.settings(NIGHTLY), opens + OPEN_GRACE, exp.trial_keys())
+        is None
+    )
     # Submitted inside the window (the window of the night it was submitted): nothing to wait for.
     submitted = exp.submitted_at.astimezone(NY)
     inside = parse_window(f"{submitted:%H:%M}-{submitted + dt.timedelta(hours=1):%H:%M}")
-    assert waiting_reason(exp, store, f.settings(inside), exp.submitted_at) is None
+    assert (
+        waiting_reason(exp, store, f.settings(inside), exp.submitted_at, exp.trial_keys()) is None
+    )
 
 
 def test_a_spent_budget_blocks_new_starts(
@@ -162,6 +176,90 @@ def test_a_spent_budget_blocks_new_starts(
     store.put(attempt(exp, "plain/median/2", 1, cost_usd=1.5))
     why = blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT)
     assert why is not None and why.startswith("budget:") and "5.50 of 5.00" in why
+
+
+def test_the_experiments_own_budget_stops_new_starts_reused_trials_cost_nothing(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    spec = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(name="capped", budget={"max_cost_usd": 2.0})
+    (example_dir / "capped.yaml").write_text(yaml.safe_dump(spec))
+    exp = submit(example_dir / "capped.yaml", Settings.from_env())
+    store = Store(paths())
+    store.put(attempt(exp, "plain/median/1", 1, cost_usd=1.5))
+    reused = {"experiment_id": "earlier", "trial_key": "plain/median/2", "attempt": 1}
+    store.put(attempt(exp, "plain/median/2", 1, cost_usd=9.0, reused_from=reused))
+    assert blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT) is None  # 1.50 paid of 2.00
+    store.put(attempt(exp, "plain/median/3", 1, cost_usd=0.6))
+    why = blocker(exp, store, f.settings(NIGHTLY), AT_NIGHT)
+    assert why is not None and why.startswith("budget: the experiment spent 2.10 of its ")
+    assert "budget.max_cost_usd 2.00" in why
+    # Another experiment's spend is not this one's.
+    other = submit(example_dir / "experiment.yaml", Settings.from_env())
+    assert blocker(other, store, f.settings(NIGHTLY), AT_NIGHT) is None
+
+
+def test_a_trial_that_cannot_finish_before_the_window_closes_waits_with_the_reason(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    keys = pending(exp, store, f.settings(NIGHTLY)).keys
+    needs = trial_needs(exp, keys, store)
+    assert {(n.seconds, n.basis) for n in needs.values()} == {(60.0, "its timeout_s")}
+    closing = dt.datetime(2026, 11, 30, 0, 14, 30, tzinfo=NY)  # 30 s before 00:15
+    why = window_fit(needs[keys[0]], NIGHTLY, closing)
+    assert why == (
+        "window_fit: needs 60 s (its timeout_s) and the eval window closes at 00:15 EST, "
+        "30 s from now"
+    )
+    assert window_fit(needs[keys[0]], NIGHTLY, AT_NIGHT) is None
+    assert window_fit(needs[keys[0]], parse_window("always"), closing) is None
+    # The experiment waits, and says so, when none of its pending trials fits.
+    said = waiting_reason(exp, store, f.settings(NIGHTLY), closing, keys)
+    assert said is not None and said.startswith(why) and "start when the window next opens" in said
+    assert fit_blocker(exp, keys, store, f.settings(NIGHTLY), AT_NIGHT) is None
+
+
+def test_measured_durations_stand_in_for_the_timeout_once_enough_are_stored(
+    exp: ResolvedExperiment,
+) -> None:
+    store = Store(paths())
+    plain_pins = exp.variants["plain"].pin_set
+    plain, skill = TrialKey("plain", "median", 1), TrialKey("skill", "median", 1)
+    took = [10.0, 12.0, 20.0, 30.0]  # an earlier experiment's, on the same pin set
+    for rep in range(1, FIT_MIN_MEASURED):
+        store.put(
+            f.attempt_of(
+                "earlier", f"plain/median/{rep}", 1, duration_s=took[rep - 1], pin_set=plain_pins
+            )
+        )
+    assert trial_needs(exp, [plain], store)[plain].basis == "its timeout_s"  # too few measured
+    for rep in range(FIT_MIN_MEASURED, len(took) + 1):
+        store.put(
+            f.attempt_of(
+                "earlier", f"plain/median/{rep}", 1, duration_s=took[rep - 1], pin_set=plain_pins
+            )
+        )
+    # Not counted: an infra error's time, a reused row (it repeats a measurement).
+    store.put(
+        f.attempt_of(
+            "earlier", "plain/median/5", 1, duration_s=500.0, pin_set=plain_pins,
+            outcome_class="infra_error", infra_reason="preempted",
+        )
+    )  # fmt: skip
+    copied = {"experiment_id": "earlier", "trial_key": "plain/median/4", "attempt": 1}
+    store.put(
+        attempt(exp, "plain/median/1", 1, duration_s=300.0, pin_set=plain_pins, reused_from=copied)
+    )
+    needs = trial_needs(exp, [plain, skill], store)
+    assert needs[plain].seconds == pytest.approx(27.0)  # p90 of 10, 12, 20, 30
+    assert needs[plain].basis == "the 90th percentile of 4 measured trials of its pin set"
+    assert needs[skill] == Need(60.0, "its timeout_s")  # its own pin set has none
+    closing = dt.datetime(2026, 11, 30, 0, 14, 30, tzinfo=NY)
+    assert window_fit(needs[plain], NIGHTLY, closing) is None  # 27 s fits in the last 30
+    assert window_fit(needs[skill], NIGHTLY, closing) is not None
+    assert fit_blocker(exp, [plain, skill], store, f.settings(NIGHTLY), closing) is None  # one fits
+    assert fit_blocker(exp, [skill], store, f.settings(NIGHTLY), closing) is not None
 
 
 def test_the_outage_breaker_blocks_after_a_streak(

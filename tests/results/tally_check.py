@@ -118,4 +118,25 @@ def assert_agrees(store: Store, experiments: list[str], planned: int = 40) -> No
     for t in every[:: max(1, len(every) // 7)]:
         since = t.finished_at - dt.timedelta(microseconds=1)
         want_tokens = sum(u.tokens_in + u.tokens_out for u in every if u.finished_at > since)
-        assert store.tokens_finished_since(since) == want_tokens
+        assert store.tokens_since(since) == want_tokens
+
+
+def assert_live_tokens_count_once(store: Store) -> None:
+    """A running attempt's model answers count toward the TPM throttle as they come; its own
+    row, once stored, replaces them (never both); an answer logged after it is not counted."""
+    at = dt.datetime.now(dt.UTC)
+    since = at - dt.timedelta(minutes=1)
+    before = store.tokens_since(since)
+    store.add_live_tokens("live-exp", "v/t/1", 1, 700, at)
+    store.add_live_tokens("live-exp", "v/t/1", 1, 300, at)
+    store.add_live_tokens("live-exp", "v/t/2", 1, 50, at)
+    assert store.tokens_since(since) == before + 1050
+    assert store.tokens_since(at) == before  # answers at ``at`` are not after it
+    # Finished: its row says 1,200 tokens in all (what the agent reported), counted once.
+    store.put(f.attempt_of("live-exp", "v/t/1", 1, finished_at=at, tokens_in=1000, tokens_out=200))
+    assert store.tokens_since(since) == before + 1200 + 50
+    store.add_live_tokens("live-exp", "v/t/1", 1, 999, at)  # logged after the end
+    assert store.tokens_since(since) == before + 1200 + 50
+    # Live rows an hour old (an attempt whose run died) go as new ones come.
+    store.add_live_tokens("live-exp", "v/t/3", 1, 5, at + dt.timedelta(hours=2))
+    assert store.tokens_since(since) == before + 1200 + 5

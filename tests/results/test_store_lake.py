@@ -42,6 +42,14 @@ def test_the_setting_picks_the_lake_and_round_trips_every_record(lake_env: dict[
     assert (summary["trials"], summary["graded"]) == (1, 1)
 
 
+def test_running_trials_tokens_count_toward_the_throttle_once_in_the_lake(
+    lake_env: dict[str, str],
+) -> None:
+    from tally_check import assert_live_tokens_count_once
+
+    assert_live_tokens_count_once(Store(paths()))
+
+
 def test_the_lake_refuses_what_the_embedded_store_refuses(lake_env: dict[str, str]) -> None:
     store = Store(paths())
     store.put(f.trial(cost_usd=0.25))

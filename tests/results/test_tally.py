@@ -14,12 +14,12 @@ from pathlib import Path
 
 import factories as f
 import pytest
-from tally_check import assert_agrees, mixed_attempts, tallied
+from tally_check import assert_agrees, assert_live_tokens_count_once, mixed_attempts, tallied
 
 from hangar_dagster.queue.retries import BREAKER_NEUTRAL, CAP_EXEMPT, NEVER_RETRIED
 from hangar_dagster.results import tally
 from hangar_dagster.results.store import EmbeddedStore, Store
-from hangar_dagster.settings import HangarPaths
+from hangar_dagster.settings import HangarPaths, paths
 
 pytestmark = pytest.mark.unit
 
@@ -161,8 +161,12 @@ def test_the_start_check_reads_neither_duckdb_nor_full_rows(
     assert state.streak and state.open_counted and state.counted_retries >= 0
     assert store.open_infra(f.EXP, 3)
     assert store.spent_by_author("2025-03")
-    assert store.tokens_finished_since(f.T0.replace(year=2000)) > 0
+    assert store.tokens_since(f.T0.replace(year=2000)) > 0
     assert store.next_attempt(f.EXP, "v0/t0/1") >= 2
+
+
+def test_running_trials_tokens_count_toward_the_throttle_once(hangar_home: Path) -> None:
+    assert_live_tokens_count_once(Store(paths()))
 
 
 def test_the_tally_names_the_same_reasons_as_the_retry_rules() -> None:

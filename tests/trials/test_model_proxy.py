@@ -3,6 +3,7 @@ loopback forwarder, against the scripted stand-in endpoint on host loopback."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import socket
@@ -27,6 +28,7 @@ from hangar_dagster.trials.model_proxy import (
     first_response_model,
     model_access,
     provider_failure,
+    response_tokens,
     upstream_url,
 )
 from hangar_dagster.trials.sandbox import SandboxRequest, get_sandbox
@@ -286,6 +288,47 @@ def _ask(access: Any, model: str = MODEL) -> tuple[int, str]:
     data = resp.read().decode(errors="replace")
     conn.close()
     return resp.status, data
+
+
+def test_each_answers_tokens_reach_the_throttle_as_it_passes(
+    endpoint: ScriptedEndpoint, tmp_path: Path
+) -> None:
+    seen: list[int] = []
+    failing = [False]
+
+    def count(n: int) -> None:
+        if failing[0]:
+            raise OSError("tally unreachable")
+        seen.append(n)
+
+    ctx = dataclasses.replace(context(tmp_path), on_tokens=count)
+    with model_access("anthropic", ctx) as access:
+        assert _ask(access)[0] == 200
+        failing[0] = True
+        assert _ask(access)[0] == 200  # a count that fails never fails the answer
+    sent = [s["tokens_in"] - s["cached_tokens_in"] + s["tokens_out"] for s in endpoint.sent]
+    first, second = egress_lines(ctx)
+    assert seen == [first["tokens"]] == sent[:1] and seen[0] > 0
+    assert second["tokens"] == sent[1]
+    assert "OSError: tally unreachable" in second["live_tokens_error"]
+
+
+def test_answer_tokens_are_read_in_each_providers_dialect() -> None:
+    chat = {"choices": [], "usage": {"prompt_tokens": 120, "completion_tokens": 30}}
+    assert response_tokens("application/json", json.dumps(chat).encode()) == 150
+    stream = (
+        'event: message_start\ndata: {"type": "message_start", "message": {"usage": '
+        '{"input_tokens": 900, "output_tokens": 1}}}\n\n'
+        'event: message_delta\ndata: {"type": "message_delta", "usage": {"output_tokens": 40}}\n\n'
+        'event: message_delta\ndata: {"type": "message_delta", "usage": {"output_tokens": 75}}\n\n'
+    )
+    assert response_tokens("text/event-stream", stream.encode()) == 975  # output is cumulative
+    responses = (
+        'data: {"type": "response.completed", "response": {"usage": '
+        '{"input_tokens": 10, "output_tokens": 5}}}\n\ndata: [DONE]\n\n'
+    )
+    assert response_tokens("text/event-stream; charset=utf-8", responses.encode()) == 15
+    assert response_tokens("application/json", b"not json") == 0
 
 
 def test_the_turn_1_model_is_what_the_provider_answered_not_what_was_asked(

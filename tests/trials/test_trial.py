@@ -24,9 +24,10 @@ from hangar_dagster.experiment.plan import (
 )
 from hangar_dagster.experiment.spec import Environment, ExperimentSpec
 from hangar_dagster.results.records import TrialRecord
+from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.canary import MASK
-from hangar_dagster.trials.trial import TrialRequest, run_trial
+from hangar_dagster.trials.trial import TrialRequest, _live_tokens, run_trial
 from tests.buildfixtures import local_index
 from tests.gitfixtures import Upstream
 
@@ -418,3 +419,18 @@ def test_the_agent_installs_from_the_mirror_as_its_egress_policy_says(
     lines = egress_lines((art / "egress.jsonl").read_text())
     assert lines and all(e["verdict"] == "allowed" and e["policy"] == "allowlist" for e in lines)
     assert any(e["url"].endswith("six-1.16.0-py2.py3-none-any.whl") for e in lines)
+
+
+def test_a_running_trials_model_answers_reach_the_tally_only_under_a_tpm_budget(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exp = experiment(tmp_path, upstream, FIX)
+    request = TrialRequest(exp, KEY, 1, None, "run-1")
+    assert _live_tokens(request, settings()) is None  # no budget: nothing is counted live
+    monkeypatch.setenv("HANGAR_EVAL_TPM_BUDGET", "10000")
+    count = _live_tokens(request, settings())
+    assert count is not None
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    count(420)  # as the model proxy calls it, per answer
+    count(80)
+    assert Store(paths).tokens_since(since) == 500

@@ -124,6 +124,26 @@ def test_nothing_starts_while_the_window_is_closed_and_the_run_says_why(
     assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
 
 
+def test_a_trial_that_would_outlast_the_window_does_not_start_and_says_why(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    # Issue 15: a start at 00:14 with a ten-minute timeout would be drained and paid twice.
+    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec["environment"]["resources"]["timeout_s"] = 600
+    spec.update(name="stage-fit", trials=1, tasks=[t for t in spec["tasks"] if t["id"] == "median"])
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    now = dt.datetime.now(dt.UTC)
+    closing = parse_window(
+        f"{now - dt.timedelta(hours=1):%H:%M}-{now + dt.timedelta(minutes=3):%H:%M}", "UTC"
+    )
+    said = Said()
+    got = stage(exp, "run-f", [PLAIN, SKILL], said, window=closing)
+    for key, part in got.items():
+        assert part.record is None and part.not_started is not None, key
+        assert part.not_started.startswith("window_fit: needs 600 s (its timeout_s)")
+    assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
+
+
 def test_a_key_whose_task_the_variant_does_not_run_is_skipped(
     example_dir: Path, hangar_home: Path
 ) -> None:

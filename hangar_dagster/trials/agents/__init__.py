@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ class AgentContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     # trial_job_budget.max_cost_usd: the adapter stops the agent once its streamed spend passes it.
     max_cost_usd: float | None = None
+    # Told each model answer's tokens as the model proxy sees it: the TPM throttle's live usage.
+    on_tokens: Callable[[int], None] | None = None
 
 
 @dataclass
