@@ -410,8 +410,11 @@ PY
 SLEEP_THEN_FIX = 'case "$HANGAR_SEED" in *:1) sleep 600;; esac\n' + FIX_MEDIAN
 
 
-def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
-    """(attempt, outcome_class, infra_reason, run_id, retry_of) of every stored attempt."""
+def attempts(
+    home: Path, experiment_id: str | None = None
+) -> list[tuple[int, str, str | None, str, str | None]]:
+    """(attempt, outcome_class, infra_reason, run_id, retry_of) of every stored attempt (of
+    ``experiment_id`` only, if given)."""
     import duckdb
 
     if not (home / "hangar.duckdb").exists():
@@ -423,7 +426,8 @@ def attempts(home: Path) -> list[tuple[int, str, str | None, str, str | None]]:
     try:
         return con.execute(
             "select attempt, outcome_class, infra_reason, run_id, retry_of from trials"
-            " order by attempt"
+            " where ? is null or experiment_id = ? order by attempt",
+            [experiment_id, experiment_id],
         ).fetchall()
     finally:
         con.close()

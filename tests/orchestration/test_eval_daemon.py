@@ -1,6 +1,7 @@
 """The real daemon on a short eval window: the window's opening schedule starts a waiting
 experiment's trials, the running trial is drained at the window's end and retried (with
-retry_of) in the next window.
+retry_of) in the next window. The trial starts because earlier measurements say it fits in the
+window (queue/starts.py ``window_fit``); it then runs longer than they did.
 
 Sized for a loaded machine (load average 10 on 2 cores): nothing waits a guessed number of
 seconds. The setup stages run under a window that opens hours later, until they are seen to
@@ -19,6 +20,9 @@ import dagster as dg
 import pytest
 
 from hangar_dagster.orchestration.stages import SETUP_STAGES, TAG_EXPERIMENT, TAG_STAGE
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths
+from tests import factories as f
 from tests.conftest import (
     SLEEP_THEN_FIX,
     attempts,
@@ -64,15 +68,17 @@ def setup_done(home: Path, experiment_id: str) -> bool:
 
 
 def wait_for(
-    home: Path, done: object, seconds: float, log: Path
+    home: Path, experiment_id: str, done: object, seconds: float, log: Path
 ) -> list[tuple[int, str, str | None, str, str | None]]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        rows = attempts(home)
+        rows = attempts(home, experiment_id)
         if done(rows):  # type: ignore[operator]
             return rows
         time.sleep(2)
-    raise AssertionError(f"timed out; attempts: {attempts(home)}\n{log.read_text()[-4000:]}")
+    raise AssertionError(
+        f"timed out; attempts: {attempts(home, experiment_id)}\n{log.read_text()[-4000:]}"
+    )
 
 
 def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
@@ -108,12 +114,22 @@ def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
     finally:
         stop_ui(ui)
 
+    # Measured before: three attempts of this pin set on the task took 5 s each, so the trial
+    # is expected to finish well inside the window (queue/starts.py ``window_fit``: its 900 s
+    # timeout alone would keep it from starting). It sleeps past the window's end instead, as a
+    # trial that runs longer than measured does, and the drain at the end cuts it.
+    store = Store(HangarPaths(home))
+    (pins,) = store.pins(experiment_id).values()
+    for rep in (1, 2, 3):
+        key = f"drain-me/median/{rep}"
+        store.put(f.attempt_of("measured-before", key, 1, pin_set=pins.pin_set, duration_s=5.0))
+
     # The window opens once the UI is surely up again: twice its measured start-up, and more.
     minutes = window_minutes(startup_s)
     window, opens = window_opening_after(seconds=2 * startup_s + 20, minutes=minutes)
     ui = start_ui(home, log, env={"HANGAR_EVAL_WINDOW": window}, seconds=SLOW_S)
     try:
-        rows = wait_for(home, lambda r: len(r) == 1, minutes * 60 + SLOW_S, log)
+        rows = wait_for(home, experiment_id, lambda r: len(r) == 1, minutes * 60 + SLOW_S, log)
         assert rows[0][:3] == (1, "infra_error", "power_down")
         with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
             run = instance.get_run_by_id(rows[0][3])
@@ -130,7 +146,7 @@ def test_opened_by_the_schedule_drained_at_window_end_then_retried_next_window(
 
     ui = start_ui(home, log, env={"HANGAR_EVAL_WINDOW": "always"}, seconds=SLOW_S)  # next window
     try:
-        rows = wait_for(home, lambda r: len(r) == 2, SLOW_S, log)
+        rows = wait_for(home, experiment_id, lambda r: len(r) == 2, SLOW_S, log)
     finally:
         stop_ui(ui)
     first, second = rows
