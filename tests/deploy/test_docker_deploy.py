@@ -66,6 +66,21 @@ def spec(example: Path, image: str, name: str, **changes: Any) -> Path:
     return path
 
 
+def median_plain(example: Path, image: str, name: str, parallel: int) -> Path:
+    """``spec`` cut to the median task and the plain variant, 3 trials at ``parallel``."""
+    data = yaml.safe_load((example / "experiment.yaml").read_text())
+    return spec(
+        example,
+        image,
+        name,
+        tasks=[t for t in data["tasks"] if t["id"] == "median"],
+        variants={"plain": data["variants"]["plain"]},
+        baseline="plain",
+        trials=3,
+        parallel=parallel,
+    )
+
+
 def hangar_on(
     dep: Deployment, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
@@ -214,17 +229,7 @@ def test_killing_the_run_worker_mid_trials_loses_no_finished_trial(
     deployment: Deployment, example: Path
 ) -> None:
     # One task, three trials one after the other: the kill lands with some stored, one running.
-    data = yaml.safe_load((example / "experiment.yaml").read_text())
-    path = spec(
-        example,
-        deployment.image,
-        "skills-ab-kill",
-        tasks=[t for t in data["tasks"] if t["id"] == "median"],
-        variants={"plain": data["variants"]["plain"]},
-        baseline="plain",
-        trials=3,
-        parallel=1,
-    )
+    path = median_plain(example, deployment.image, "skills-ab-kill", parallel=1)
     eid = submit(deployment, path)
     store = store_of(deployment)
     deadline = time.monotonic() + 300
@@ -338,17 +343,7 @@ def test_two_run_workers_and_a_host_run_hold_the_eval_pool_and_parallel_together
     # sees it). The eval pool's limit is 0 until A's and B's trials runs are queued, then 2 (the
     # shipped limit): both containers run their trials steps at once, and C, started while they
     # hold both slots, waits for one. Each experiment keeps its own `parallel`.
-    data = yaml.safe_load((example / "experiment.yaml").read_text())
-    lean = spec(
-        example,
-        deployment.image,
-        "skills-ab-pool-c",
-        tasks=[t for t in data["tasks"] if t["id"] == "median"],
-        variants={"plain": data["variants"]["plain"]},
-        baseline="plain",
-        trials=3,
-        parallel=2,
-    )
+    lean = median_plain(example, deployment.image, "skills-ab-pool-c", parallel=2)
     store = store_of(deployment)
     set_eval_pool(deployment, 0)
     try:
