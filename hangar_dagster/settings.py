@@ -128,6 +128,12 @@ class HangarPaths:
         """Environment builds, one complete directory per build digest (environment/build.py)."""
         return self.home / "builds"
 
+    @property
+    def nightly(self) -> Path:
+        """Registered nightly schedules, one folder each: the spec's copy and its nights
+        (experiment/nightly.py)."""
+        return self.home / "nightly"
+
     def experiment_dir(self, experiment_id: str) -> Path:
         return self.experiments / experiment_id
 

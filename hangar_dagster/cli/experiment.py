@@ -66,7 +66,7 @@ def run_cmd(
     )
     ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
     if not wait:
-        from hangar_dagster.orchestration.sensors import DAEMON_MARKER
+        from hangar_dagster.experiment.catalog import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
     notify_webserver(settings)  # in the background: returns at once whatever the webserver does
@@ -133,7 +133,7 @@ def regrade_cmd(
         )
     ensure_dagster_home(settings)
     if not wait:
-        from hangar_dagster.orchestration.sensors import DAEMON_MARKER
+        from hangar_dagster.experiment.catalog import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
     notify_webserver(settings)
@@ -481,8 +481,27 @@ def report_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    before: Annotated[str, typer.Argument(help="The earlier experiment (id or name).")],
-    after: Annotated[str, typer.Argument(help="The later experiment (id or name).")],
+    before: Annotated[
+        str | None, typer.Argument(help="The earlier experiment (id or name).")
+    ] = None,
+    after: Annotated[str | None, typer.Argument(help="The later experiment (id or name).")] = None,
+    nightly_name: Annotated[
+        str | None,
+        typer.Option(
+            "--nightly",
+            metavar="NAME",
+            help="Instead of two experiments: a night of this nightly schedule beside the "
+            "night before it.",
+        ),
+    ] = None,
+    night: Annotated[
+        str | None,
+        typer.Option(
+            "--night",
+            metavar="YYYY-MM-DD",
+            help="With --nightly: which night (default the latest).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
 ) -> None:
     """Compare two experiments that share tasks (last night against tonight), variant by
@@ -495,6 +514,18 @@ def compare_cmd(
 
     p = paths()
     store = store_of(p)
+    nights: dict[str, Any] = {}
+    if nightly_name is not None:
+        if before is not None or after is not None:
+            _fail(as_json, "give two experiments or --nightly NAME, not both", "drop one")
+        before, after, nights = _nights_to_compare(p, nightly_name, night, as_json)
+    elif before is None or after is None:
+        _fail(
+            as_json,
+            "compare needs two experiments (BEFORE AFTER) or --nightly NAME",
+            "e.g. `hangar experiment compare --nightly skills-ab`",
+        )
+    assert before is not None and after is not None
     a, b = (load_resolved(p, _found(p, n, as_json).experiment_id) for n in (before, after))
     decide = b.spec.decide or a.spec.decide
     min_effect = decide.min_effect_pts if decide is not None else None
@@ -512,6 +543,7 @@ def compare_cmd(
         data = {
             "before": a.experiment_id,
             "after": b.experiment_id,
+            "nights": nights or None,
             "min_effect_pts": min_effect,
             "variants": {
                 name: asdict(c)
@@ -527,12 +559,133 @@ def compare_cmd(
         print(json.dumps(data, indent=2, default=str))
         return
     console.print(f"[bold]{a.experiment_id}[/] ({a.name}) -> [bold]{b.experiment_id}[/] ({b.name})")
+    if nights:
+        console.print(
+            f"nightly {escape(nights['schedule'])}: night {nights['before']['night']} -> "
+            f"night {nights['after']['night']}"
+        )
+        for task, (was, now) in nights["moved"].items():
+            console.print(f"  base of {escape(task)} moved: {was[:12]} -> {now[:12]}")
+        if not nights["moved"]:
+            console.print("  no base moved")
     for name, c in pairs.items():
         console.print(f"[bold]{escape(name)}[/]: {c.baseline.label} -> {c.variant.label}")
         console.print(f"  after - before: {c.difference.label}")
         console.print(f"  power: {escape(c.power.label)}")
         for f in c.flips:
             console.print(f"  {escape(f.label)}")
+
+
+@app.command("schedule")
+def schedule_cmd(
+    spec: Annotated[
+        Path | None, typer.Argument(help="A spec with nightly: {at, timezone} to register.")
+    ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Register SPEC over the copy stored under its name."),
+    ] = False,
+    list_: Annotated[
+        bool, typer.Option("--list", help="The registered schedules and their last night.")
+    ] = False,
+    pause: Annotated[
+        str | None, typer.Option("--pause", metavar="NAME", help="Submit no night until resumed.")
+    ] = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", metavar="NAME", help="Submit its nights again.")
+    ] = None,
+    remove: Annotated[
+        str | None,
+        typer.Option("--remove", metavar="NAME", help="Unregister it; its nights stay."),
+    ] = None,
+) -> None:
+    """Register SPEC to be submitted afresh every night at its nightly.at (a copy of it: later
+    edits of the file change nothing until registered again with --replace); or list, pause,
+    resume or remove registered schedules (docs/queue.md, "Nightly experiments")."""
+    import datetime as dt
+
+    from hangar_dagster.experiment import nightly
+
+    settings = Settings.from_env()
+    p = settings.paths
+    chosen = [
+        flag
+        for flag, given in (
+            ("SPEC", spec is not None),
+            ("--list", list_),
+            ("--pause", pause is not None),
+            ("--resume", resume is not None),
+            ("--remove", remove is not None),
+        )
+        if given
+    ]
+    if len(chosen) != 1:
+        err.print(
+            f"[red]refused:[/] give one of SPEC, --list, --pause NAME, --resume NAME, "
+            f"--remove NAME (got {', '.join(chosen) or 'none'})"
+        )
+        raise typer.Exit(2)
+    now = dt.datetime.now(dt.UTC)
+    try:
+        if spec is not None:
+            done = nightly.register(spec, settings, replace=replace)
+            nxt = nightly.next_due(done.nightly, now).astimezone(done.nightly.zone)
+            console.print(
+                f"nightly schedule [bold]{escape(done.name)}[/] registered: {done.at} "
+                f"{done.timezone}, spec {done.spec_digest[:19]} (a copy of {escape(done.spec_path)}); "
+                f"next night submitted {nxt:%Y-%m-%d %H:%M %Z} by the daemon "
+                f"(schedule nightly_experiments; eval window {settings.window.describe()})"
+            )
+        elif pause is not None or resume is not None:
+            name = pause if pause is not None else resume
+            assert name is not None
+            done = nightly.set_paused(p, name, pause is not None)
+            console.print(
+                f"nightly schedule {escape(name)} {'paused' if done.paused else 'resumed'}"
+            )
+        elif remove is not None:
+            nightly.remove(p, remove)
+            console.print(
+                f"nightly schedule {escape(remove)} removed; its nights and their experiments stay"
+            )
+        else:
+            _list_schedules(p, now)
+    except SpecError as e:
+        err.print(f"[red]refused:[/] {e}")
+        raise typer.Exit(2) from None
+    except nightly.NightlyError as e:
+        err.print(f"[red]refused:[/] {escape(str(e))}")
+        raise typer.Exit(2) from None
+
+
+def _list_schedules(p: HangarPaths, now: Any) -> None:
+    from hangar_dagster.experiment import nightly
+
+    found = nightly.schedules(p)
+    if not found:
+        console.print(f"no nightly schedule under {p.nightly}")
+        return
+    table = Table(title=f"nightly schedules under {p.nightly}")
+    for col in ("name", "at", "state", "spec", "next night", "last night"):
+        table.add_column(col)
+    for s in found:
+        zone = s.nightly.zone
+        nights = nightly.nights(p, s.name)
+        last = "-"
+        if nights:
+            n = nights[-1]
+            last = f"{n.night}: " + (n.experiment_id or f"refused: {n.refused}")
+        table.add_row(
+            escape(s.name),
+            f"{s.at} {s.timezone}",
+            "paused" if s.paused else "active",
+            s.spec_digest[:19],
+            "-"
+            if s.paused
+            else f"{nightly.next_due(s.nightly, now).astimezone(zone):%Y-%m-%d %H:%M %Z}",
+            escape(last),
+        )
+    console.print(table)
 
 
 def _fail(as_json: bool, error: str, fix: str) -> NoReturn:
@@ -542,6 +695,49 @@ def _fail(as_json: bool, error: str, fix: str) -> NoReturn:
     else:
         err.print(f"[red]refused:[/] {escape(error)}; {escape(fix)}")
     raise typer.Exit(2)
+
+
+def _nights_to_compare(
+    p: HangarPaths, name: str, night: str | None, as_json: bool
+) -> tuple[str, str, dict[str, Any]]:
+    """The experiments of a nightly schedule's night (default its latest) and of the night
+    before it, and what the two nights' records say (bases, what moved)."""
+    import datetime as dt
+
+    from hangar_dagster.experiment import nightly
+
+    submitted = [n for n in nightly.nights(p, name) if n.experiment_id is not None]
+    if night is not None:
+        try:
+            wanted = dt.date.fromisoformat(night)
+        except ValueError:
+            _fail(as_json, f"--night {night!r} is not a date", "write it as YYYY-MM-DD")
+        submitted = [n for n in submitted if n.night <= wanted]
+        if not submitted or submitted[-1].night != wanted:
+            _fail(
+                as_json,
+                f"nightly schedule {name!r} submitted no experiment on night {night}",
+                "`hangar experiment schedule --list` shows its last night",
+            )
+    if len(submitted) < 2:
+        _fail(
+            as_json,
+            f"nightly schedule {name!r} has {len(submitted)} submitted night(s) up to there; "
+            "a comparison needs the night and one before it",
+            "wait for the next night, or compare two experiments by id",
+        )
+    before, after = submitted[-2], submitted[-1]
+    assert before.experiment_id is not None and after.experiment_id is not None
+    return (
+        before.experiment_id,
+        after.experiment_id,
+        {
+            "schedule": name,
+            "before": before.model_dump(mode="json"),
+            "after": after.model_dump(mode="json"),
+            "moved": nightly.moved_bases(before, after),
+        },
+    )
 
 
 def _found(p: HangarPaths, name_or_id: str, as_json: bool) -> Any:

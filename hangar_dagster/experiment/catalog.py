@@ -25,6 +25,9 @@ from hangar_dagster.settings import HangarPaths
 from hangar_dagster.util.fs import fsync
 
 ARCHIVED = "archived.json"
+# In an experiment's folder: the daemon drives it (written by `hangar experiment run` without
+# --wait and by a nightly schedule's submission; orchestration/sensors.py reads it).
+DAEMON_MARKER = "drive-by-daemon"
 
 
 class Archived(BaseModel):

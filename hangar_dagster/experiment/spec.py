@@ -8,8 +8,10 @@ refused spec. ``experiment.schema.json`` is generated from ``ExperimentSpec``
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import unicodedata
+import zoneinfo
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -289,6 +291,77 @@ class Reuse(_Strict):
     )
 
 
+_AT = re.compile(r"^([0-9]{2}):([0-9]{2})$")
+AT_FIX = 'write the local time as a quoted "HH:MM" (24-hour), e.g. at: "19:30"'
+ZONE_FIX = "write an IANA zone name such as America/New_York or UTC"
+
+
+def parse_at(value: str) -> dt.time:
+    """``HH:MM`` (24-hour) as a time of day; ValueError saying what is wrong."""
+    match = _AT.match(value)
+    if match is None:
+        raise ValueError(f"{shown(value)} is not HH:MM")
+    hour, minute = int(match[1]), int(match[2])
+    if hour > 23 or minute > 59:
+        raise ValueError(f"{shown(value)}: hours must be 00-23 and minutes 00-59")
+    return dt.time(hour, minute)
+
+
+def parse_zone(name: str) -> zoneinfo.ZoneInfo:
+    """The IANA zone ``name``; ValueError when zoneinfo does not know it."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{shown(name)} is not a known time zone") from None
+
+
+class Nightly(_Strict):
+    """A schedule: `hangar experiment schedule SPEC` submits a fresh experiment of this spec each
+    night at ``at`` (docs/queue.md, "Nightly experiments")."""
+
+    at: str = Field(
+        ...,
+        description='Local time of day the night\'s experiment is submitted, "HH:MM" (24-hour, '
+        "quoted: YAML reads an unquoted 19:30 as a number); before the eval window opens.",
+    )
+    timezone: str = Field(
+        ..., description="IANA time zone of at, e.g. America/New_York (Dagster's cron rules)."
+    )
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _time_of_day(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            # YAML 1.1 reads 19:30 as sexagesimal 1170; a bare 1930 is no time either.
+            raise PydanticCustomError(
+                "nightly_at",
+                f"{value} is a number, not a time (YAML reads an unquoted 19:30 as 1170)",
+            )
+        if isinstance(value, str):
+            try:
+                parse_at(value)
+            except ValueError as e:
+                raise PydanticCustomError("nightly_at", str(e)) from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            parse_zone(value)
+        except ValueError as e:
+            raise PydanticCustomError("time_zone", str(e)) from None
+        return value
+
+    @property
+    def time(self) -> dt.time:
+        return parse_at(self.at)
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return parse_zone(self.timezone)
+
+
 class ExperimentSpec(_Strict):
     """An experiment: the same tasks under several variants, several trials each."""
 
@@ -325,6 +398,11 @@ class ExperimentSpec(_Strict):
         None,
         description="Reuse of earlier experiments' trials; unset: on, at most "
         f"{DEFAULT_REUSE_MAX_AGE_DAYS:g} days old.",
+    )
+    nightly: Nightly | None = Field(
+        None,
+        description="Submit a fresh experiment of this spec every night once registered with "
+        "`hangar experiment schedule SPEC`; `run` ignores it.",
     )
 
     @field_validator("author")
@@ -376,6 +454,8 @@ _FIXES = {
     "literal_error": "use one of the allowed values",
     "control_character": "remove control and invisible characters (newlines, tabs, escapes, "
     "bidi and zero-width marks)",
+    "nightly_at": AT_FIX,
+    "time_zone": ZONE_FIX,
     "hidden_path": "name hidden files by relative, '/'-separated paths inside the hidden tests "
     "directory, without '..'",
 }

@@ -430,15 +430,22 @@ def cli_problems(exp: ResolvedExperiment, settings: Settings) -> list[Problem]:
 
 
 def submit(
-    spec_path: Path, settings: Settings, *, regrade: ResolvedExperiment | None = None
+    spec_path: Path,
+    settings: Settings,
+    *,
+    regrade: ResolvedExperiment | None = None,
+    spec: ExperimentSpec | None = None,
+    experiment_id: str | None = None,
 ) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing.
 
     ``regrade``: the experiment whose stored patches this one grades again under its grader
-    (experiment/regrade.py), instead of planning reuse."""
+    (experiment/regrade.py), instead of planning reuse. ``spec``: the spec already read (a
+    nightly schedule's stored copy), ``spec_path`` then only anchors its relative paths;
+    ``experiment_id``: the id to use (a night's, derived so that a retried tick finds it)."""
     paths = settings.paths
-    spec = load_spec(spec_path)
-    experiment_id = new_experiment_id(spec.name)
+    spec = load_spec(spec_path) if spec is None else spec
+    experiment_id = experiment_id or new_experiment_id(spec.name)
     store = Store(paths)
     final = paths.experiment_dir(experiment_id)
     # Overlay harnesses are built outside HANGAR_HOME (a refused spec writes nothing there),

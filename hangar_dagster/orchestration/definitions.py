@@ -19,7 +19,11 @@ from hangar_dagster.orchestration.assets import build_experiment_assets
 from hangar_dagster.orchestration.checks import build_experiment_checks
 from hangar_dagster.orchestration.jobs import build_experiment_jobs
 from hangar_dagster.orchestration.resources import HangarResource
-from hangar_dagster.orchestration.schedules import build_drain_schedule, build_open_schedule
+from hangar_dagster.orchestration.schedules import (
+    build_drain_schedule,
+    build_nightly_schedule,
+    build_open_schedule,
+)
 from hangar_dagster.orchestration.sensors import build_experiment_driver, drain_all
 from hangar_dagster.settings import Settings
 
@@ -31,6 +35,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     jobs: list[dg.UnresolvedAssetJobDefinition] = []
     window = settings.window
     schedules = build_drain_schedule(window, lambda context: drain_all(context.instance, p))
+    schedules.append(build_nightly_schedule())  # reads the registered specs at each tick
     for exp in active_experiments(p):  # archived experiments stay out (catalog.py)
         group = build_experiment_assets(exp)
         assets += group

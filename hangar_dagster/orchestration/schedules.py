@@ -18,6 +18,12 @@ skips and leaves the start to the sensor: the two never race for one start.
 **Drain.** ``eval_window_drain`` runs at the window's end. It launches
 nothing, so it targets an empty asset selection rather than some
 experiment's job.
+
+**Nightly.** ``nightly_experiments`` ticks every minute and submits each registered nightly
+spec's due night (experiment/nightly.py ``tick``). One schedule reading the registry, not one
+per spec: registering, pausing or removing needs no reload of the code location, and the
+definitions cost the same however many specs are registered. What it submits is an
+experiment like any other, handed to the driver sensor; it launches no run itself.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from hangar_dagster.experiment.nightly import tick as nightly_tick
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.sensors import (
@@ -49,6 +56,7 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
 DRAIN_NAME = "eval_window_drain"
+NIGHTLY_NAME = "nightly_experiments"
 # A tick evaluated later than this leaves the start to the driver sensor (its grace is twice this).
 LATE_TICK = OPEN_GRACE / 2
 
@@ -175,3 +183,39 @@ def build_drain_schedule(window: EvalWindow, on_close: OnClose) -> list[dg.Sched
         )
 
     return [eval_window_drain]
+
+
+def build_nightly_schedule() -> dg.ScheduleDefinition:
+    """``nightly_experiments``: every minute (nightly.at is to the minute), running by default;
+    each tick submits the nights that are due, and launches nothing."""
+
+    @dg.schedule(
+        cron_schedule="* * * * *",
+        execution_timezone="UTC",
+        name=NIGHTLY_NAME,
+        target=dg.AssetSelection.assets(),
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description="Submits a fresh experiment of each registered nightly spec at its time "
+        "(`hangar experiment schedule --list`).",
+    )
+    def nightly_experiments(
+        context: dg.ScheduleEvaluationContext, hangar: HangarResource
+    ) -> dg.SkipReason:
+        settings = hangar.settings()
+        if (refused := foreign_daemon(context.instance, settings)) is not None:
+            return dg.SkipReason(refused)
+        # The scheduled minute, not the clock: a tick caught up late still decides its own night.
+        done = nightly_tick(settings, context.scheduled_execution_time)
+        if any(n.experiment_id for n in done.submitted):
+            # Its jobs load with the code location: ask the webserver to reload it, as
+            # `hangar experiment run` does (`hangar ui` also reloads when it sees the experiment).
+            from hangar_dagster.cli.ui import notify_webserver
+
+            notify_webserver(settings)
+        for night in done.submitted:
+            context.log.info(
+                f"nightly: {night.schedule}: night {night.night}: {night.experiment_id or night.refused}"
+            )
+        return dg.SkipReason("; ".join(done.said) or "no nightly schedule is registered")
+
+    return nightly_experiments

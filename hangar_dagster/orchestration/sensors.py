@@ -21,7 +21,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from hangar_dagster.experiment.catalog import active_experiments
+from hangar_dagster.experiment.catalog import DAEMON_MARKER, active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
@@ -56,7 +56,6 @@ from hangar_dagster.queue.starts import (
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 
-DAEMON_MARKER = "drive-by-daemon"  # written by `hangar experiment run` without --wait
 IN_FLIGHT = frozenset(
     {
         dg.DagsterRunStatus.QUEUED,

@@ -110,7 +110,7 @@ class EvalWindow:
         """The UTC instants the window opening on local date ``day`` opens and closes."""
         assert self.start is not None and self.end is not None
         end_day = day + datetime.timedelta(days=1) if self.end < self.start else day
-        return _resolve(day, self.start, self.tz), _resolve(end_day, self.end, self.tz)
+        return local_instant(day, self.start, self.tz), local_instant(end_day, self.end, self.tz)
 
 
 def _utc(at: datetime.datetime, method: str) -> datetime.datetime:
@@ -125,7 +125,9 @@ def _wall(instant: datetime.datetime, tz: zoneinfo.ZoneInfo) -> datetime.datetim
     return instant.astimezone(_UTC).astimezone(tz).replace(tzinfo=None, fold=0)
 
 
-def _resolve(day: datetime.date, wall: datetime.time, tz: zoneinfo.ZoneInfo) -> datetime.datetime:
+def local_instant(
+    day: datetime.date, wall: datetime.time, tz: zoneinfo.ZoneInfo
+) -> datetime.datetime:
     """The UTC instant local ``wall`` on ``day`` names, by the rules in the module docstring."""
     naive = datetime.datetime.combine(day, wall)
     later = naive.replace(tzinfo=tz, fold=1)  # fold=1 is the later of two occurrences

@@ -8,9 +8,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from hangar_dagster.experiment.catalog import Archived, remove_archived, write_archived
+from hangar_dagster.experiment.catalog import (
+    DAEMON_MARKER,
+    Archived,
+    remove_archived,
+    write_archived,
+)
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.orchestration.sensors import decide
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.results.records import utcnow
 from hangar_dagster.settings import Settings, paths

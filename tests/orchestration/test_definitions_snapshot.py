@@ -153,6 +153,7 @@ def test_the_snapshot_covers_every_stage(example_defs: tuple[dg.Definitions, str
     ]
     assert {s["name"] for s in want["schedules"]} == {
         "eval_window_drain",
+        "nightly_experiments",
         "<experiment>__eval_window_open",
     }
     assert want["sensors"] == ["experiment_driver"]

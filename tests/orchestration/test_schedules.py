@@ -15,6 +15,7 @@ from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 # testing against it catches a Dagster upgrade that changes its DST handling.
 from dagster._utils.schedules import cron_string_iterator
 
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.assets import build_experiment_assets
@@ -24,10 +25,10 @@ from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.schedules import (
     DRAIN_NAME,
     LATE_TICK,
+    NIGHTLY_NAME,
     build_drain_schedule,
     build_open_schedule,
 )
-from hangar_dagster.orchestration.sensors import DAEMON_MARKER
 from hangar_dagster.orchestration.stages import SETUP_STAGES, stage_tags
 from hangar_dagster.queue.window import EvalWindow, parse_window
 from hangar_dagster.results.store import Store
@@ -369,6 +370,7 @@ def test_definitions_hold_one_opening_per_experiment_and_one_drain(
     names = {s.name: s for s in defs.get_repository_def().schedule_defs}
     assert set(names) == {
         DRAIN_NAME,
+        NIGHTLY_NAME,
         f"{waiting.experiment_id}__eval_window_open",
         f"{other.experiment_id}__eval_window_open",
     }
@@ -376,4 +378,6 @@ def test_definitions_hold_one_opening_per_experiment_and_one_drain(
         f"{other.experiment_id}__trials_job"
     )
     monkeypatch.setenv("HANGAR_EVAL_WINDOW", "always")
-    assert build_definitions(Settings.from_env()).get_repository_def().schedule_defs == []
+    # always open: no window to open or drain; the nightly schedule stays
+    always = build_definitions(Settings.from_env()).get_repository_def().schedule_defs
+    assert [s.name for s in always] == [NIGHTLY_NAME]

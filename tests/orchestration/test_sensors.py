@@ -12,9 +12,10 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 import pytest
 
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import RESOLVED, submit
-from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.orchestration.sensors import decide
 from hangar_dagster.queue.stage_runs import STAGE_RUN_RETRIES
 from hangar_dagster.queue.starts import OPEN_GRACE
 from hangar_dagster.queue.window import parse_window

@@ -1,0 +1,418 @@
+"""Nightly experiments: a spec registered once, submitted afresh every night (issue 15 item 4).
+
+``hangar experiment schedule SPEC`` stores a copy of the spec's YAML with its digest under
+``HANGAR_HOME/nightly/<name>/schedule.json``: an edit of the file afterwards changes nothing
+that runs until it is registered again (``--replace``). Each night at ``nightly.at`` (local to
+``nightly.timezone``) the ``nightly_experiments`` schedule calls ``tick``: the copy is
+submitted as a new experiment whose bases (branch names included) resolve to that night's
+SHAs, reusing the trials nothing changed for (experiment/reuse.py), and handed to the daemon.
+What each night submitted is ``nights/<date>.json``: the experiment, every task's ref and SHA.
+
+Once per night per schedule, whatever retries a tick: the night's experiment id is derived
+from (schedule, night, spec digest), the night's record is written last, and a lock file per
+schedule keeps two ticks from submitting at once. Which night is due is a pure function of
+the clock (``due_night``), with the eval window's DST rules (queue/window.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import getpass
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
+from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.spec import (
+    MAX_SPEC_BYTES,
+    ExperimentSpec,
+    Nightly,
+    Problem,
+    SpecError,
+    load_spec,
+    parse_spec,
+)
+from hangar_dagster.experiment.spec_yaml import load_yaml
+from hangar_dagster.experiment.submit import RESOLVED, load_resolved, resolve, submit
+from hangar_dagster.queue.window import local_instant
+from hangar_dagster.results.records import NoteRecord, utcnow
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import HangarPaths, Settings
+from hangar_dagster.util.fs import read_text_bounded, write_atomic
+
+SCHEDULE = "schedule.json"
+NIGHTS = "nights"
+# A night is still submitted this long after its time (the daemon was down at it); later, it
+# is left out and the next night goes on. Six hours reach past the default window's close.
+CATCH_UP = dt.timedelta(hours=6)
+
+
+class NightlyError(ValueError):
+    """A registration command that cannot be done; the message names the fix."""
+
+
+class Schedule(BaseModel):
+    """A registered nightly spec: the copy that runs each night (``schedule.json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    spec_path: str  # the file it was registered from: its folder anchors the spec's paths
+    spec_text: str  # the YAML as registered; what every night submits
+    spec_digest: str  # sha256:<hex> of spec_text
+    at: str
+    timezone: str
+    registered_at: dt.datetime
+    registered_by: str
+    paused: bool = False
+    paused_at: dt.datetime | None = None
+
+    @property
+    def nightly(self) -> Nightly:
+        return Nightly(at=self.at, timezone=self.timezone)
+
+    def spec(self) -> ExperimentSpec:
+        return parse_spec(load_yaml(self.spec_text), f"nightly schedule {self.name}")
+
+
+class TaskBase(BaseModel):
+    ref: str  # as the spec names it: a branch, tag or commit
+    sha: str  # what it named that night
+
+
+class Night(BaseModel):
+    """What one night of a schedule submitted (``nights/<date>.json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedule: str
+    night: dt.date
+    due_at: dt.datetime  # the instant (UTC) of nightly.at that night
+    submitted_at: dt.datetime
+    spec_digest: str
+    experiment_id: str | None = None  # None: refused (``refused`` says why)
+    bases: dict[str, TaskBase] = {}
+    trials_planned: int = 0
+    trials_reused: int = 0
+    previous: str | None = None  # the experiment of the schedule's night before, if any
+    refused: str | None = None
+
+
+# ---- pure rules: which night, which id, what moved ----
+
+
+def night_time(nightly: Nightly, night: dt.date) -> dt.datetime:
+    """The instant (UTC) a night's submission is due: ``at`` on local date ``night``. A time
+    skipped by a DST change is the first instant after the gap, a repeated one its later
+    occurrence (the rules of the eval window and of Dagster's cron)."""
+    return local_instant(night, nightly.time, nightly.zone)
+
+
+def due_night(
+    nightly: Nightly, now: dt.datetime, catch_up: dt.timedelta = CATCH_UP
+) -> dt.date | None:
+    """The night whose submission time has come at ``now`` and passed at most ``catch_up``
+    ago (None: none is due)."""
+    today = now.astimezone(nightly.zone).date()
+    for night in (today, today - dt.timedelta(days=1)):
+        at = night_time(nightly, night)
+        if at <= now < at + catch_up:
+            return night
+    return None
+
+
+def next_due(nightly: Nightly, now: dt.datetime) -> dt.datetime:
+    """The next instant (UTC) a night is due, at or after ``now``."""
+    today = now.astimezone(nightly.zone).date()
+    return min(
+        at
+        for offset in range(3)
+        if (at := night_time(nightly, today + dt.timedelta(days=offset))) >= now
+    )
+
+
+def night_experiment_id(name: str, night: dt.date, spec_digest: str) -> str:
+    """The night's experiment id, ``<name>_<8 hex>`` like any other, derived rather than random
+    so that a tick run again after a crash finds the experiment it submitted."""
+    digest = hashlib.sha256(f"{name}\n{night.isoformat()}\n{spec_digest}".encode()).hexdigest()
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{digest[:8]}"
+
+
+def moved_bases(before: Night | None, after: Night) -> dict[str, tuple[str, str]]:
+    """Task -> (SHA before, SHA after) for each task whose ref named another commit than the
+    night before."""
+    if before is None:
+        return {}
+    return {
+        task: (before.bases[task].sha, base.sha)
+        for task, base in after.bases.items()
+        if task in before.bases and before.bases[task].sha != base.sha
+    }
+
+
+def spec_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- the registry under HANGAR_HOME/nightly ----
+
+
+def schedule_dir(paths: HangarPaths, name: str) -> Path:
+    return paths.nightly / name
+
+
+def read_schedule(paths: HangarPaths, name: str) -> Schedule | None:
+    try:
+        return Schedule.model_validate_json((schedule_dir(paths, name) / SCHEDULE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def schedules(paths: HangarPaths) -> list[Schedule]:
+    """Every registered schedule, by name."""
+    if not paths.nightly.is_dir():
+        return []
+    found = (read_schedule(paths, d.name) for d in sorted(paths.nightly.iterdir()) if d.is_dir())
+    return [s for s in found if s is not None]
+
+
+def nights(paths: HangarPaths, name: str) -> list[Night]:
+    """The nights a schedule submitted (or refused), oldest first; removal keeps them."""
+    folder = schedule_dir(paths, name) / NIGHTS
+    if not folder.is_dir():
+        return []
+    return sorted(
+        (Night.model_validate_json(f.read_text()) for f in folder.glob("*.json")),
+        key=lambda n: n.night,
+    )
+
+
+def _write_schedule(paths: HangarPaths, schedule: Schedule) -> None:
+    write_atomic(schedule_dir(paths, schedule.name) / SCHEDULE, schedule.model_dump_json(indent=2))
+
+
+def _named(paths: HangarPaths, name: str) -> Schedule:
+    found = read_schedule(paths, name)
+    if found is None:
+        known = ", ".join(s.name for s in schedules(paths)) or "none"
+        raise NightlyError(
+            f"no nightly schedule {name!r} under {paths.nightly} (registered: {known}); "
+            "`hangar experiment schedule --list` shows them"
+        )
+    return found
+
+
+def register(spec_path: Path, settings: Settings, *, replace: bool = False) -> Schedule:
+    """Register ``spec_path`` (it must have ``nightly:``) under its name, its YAML copied.
+
+    The spec is resolved once now, nothing written, so a spec that could not be submitted
+    (an unknown branch, a missing lock) is refused here, not found out at night. Raises
+    SpecError (the spec) or NightlyError (the registration)."""
+    text = read_text_bounded(spec_path, MAX_SPEC_BYTES, "spec")
+    spec = load_spec(spec_path)
+    if spec.nightly is None:
+        raise SpecError(
+            str(spec_path),
+            [
+                Problem(
+                    path="nightly",
+                    message="the spec has no nightly schedule",
+                    fix='add nightly: {at: "19:30", timezone: America/New_York} (docs/queue.md)',
+                )
+            ],
+        )
+    resolve(spec, spec_path, settings, require_concrete=True)  # refuses what a night would
+    digest = spec_digest(text)
+    existing = read_schedule(settings.paths, spec.name)
+    if existing is not None and not replace:
+        if existing.spec_digest == digest:
+            return existing
+        raise NightlyError(
+            f"nightly schedule {spec.name!r} is registered with another copy of the spec "
+            f"({existing.spec_digest[:19]}, from {existing.spec_path}); "
+            "add --replace to run this one from the next night on"
+        )
+    schedule = Schedule(
+        name=spec.name,
+        spec_path=str(spec_path.resolve()),
+        spec_text=text,
+        spec_digest=digest,
+        at=spec.nightly.at,
+        timezone=spec.nightly.timezone,
+        registered_at=utcnow(),
+        registered_by=os.environ.get("USER") or getpass.getuser(),
+        paused=existing.paused if existing is not None else False,
+        paused_at=existing.paused_at if existing is not None else None,
+    )
+    _write_schedule(settings.paths, schedule)
+    return schedule
+
+
+def set_paused(paths: HangarPaths, name: str, paused: bool) -> Schedule:
+    schedule = _named(paths, name)
+    changed = schedule.model_copy(
+        update={"paused": paused, "paused_at": utcnow() if paused else None}
+    )
+    _write_schedule(paths, changed)
+    return changed
+
+
+def remove(paths: HangarPaths, name: str) -> Schedule:
+    """Unregister ``name``; its nights (and their experiments) stay for compare and SQL."""
+    schedule = _named(paths, name)
+    (schedule_dir(paths, name) / SCHEDULE).unlink()
+    return schedule
+
+
+# ---- the night's submission ----
+
+
+@contextmanager
+def _locked(paths: HangarPaths, name: str) -> Iterator[bool]:
+    """An exclusive flock on the schedule's lock file (never deleted), without waiting."""
+    path = schedule_dir(paths, name) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # closing the file drops it, a crash included
+
+
+def _night_path(paths: HangarPaths, name: str, night: dt.date) -> Path:
+    return schedule_dir(paths, name) / NIGHTS / f"{night.isoformat()}.json"
+
+
+def read_night(paths: HangarPaths, name: str, night: dt.date) -> Night | None:
+    try:
+        return Night.model_validate_json(_night_path(paths, name, night).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _bases(spec: ExperimentSpec, exp: ResolvedExperiment) -> dict[str, TaskBase]:
+    return {t.id: TaskBase(ref=t.base, sha=exp.tasks[t.id].base_sha) for t in spec.tasks}
+
+
+def night_note(night: Night, before: Night | None) -> str:
+    """The experiment's ``nightly`` note: which night of which schedule, and what moved."""
+    bases = "; ".join(f"{task} {b.ref} -> {b.sha[:12]}" for task, b in sorted(night.bases.items()))
+    moved = moved_bases(before, night)
+    if before is None:
+        since = "the schedule's first night"
+    elif moved:
+        since = f"moved since night {before.night} ({before.experiment_id}): " + ", ".join(
+            f"{t} {a[:12]} -> {b[:12]}" for t, (a, b) in sorted(moved.items())
+        )
+    else:
+        since = f"no base moved since night {before.night} ({before.experiment_id})"
+    return (
+        f"night {night.night} of nightly schedule {night.schedule} (spec {night.spec_digest[:19]}): "
+        f"{bases}; {since}; {night.trials_reused} of {night.trials_planned} trials reused"
+    )
+
+
+def previous_night(paths: HangarPaths, name: str, night: dt.date) -> Night | None:
+    """The schedule's latest night before ``night`` that submitted an experiment."""
+    earlier = [n for n in nights(paths, name) if n.night < night and n.experiment_id]
+    return earlier[-1] if earlier else None
+
+
+def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Night | None:
+    """Submit ``schedule``'s experiment for ``night`` once, hand it to the daemon and record
+    the night; the night's record when it exists already, None while another tick submits."""
+    paths = settings.paths
+    with _locked(paths, schedule.name) as mine:
+        if not mine:
+            return None
+        if (done := read_night(paths, schedule.name, night)) is not None:
+            return done
+        eid = night_experiment_id(schedule.name, night, schedule.spec_digest)
+        before = previous_night(paths, schedule.name, night)
+        spec = schedule.spec()
+        record = Night(
+            schedule=schedule.name,
+            night=night,
+            due_at=night_time(schedule.nightly, night),
+            submitted_at=utcnow(),
+            spec_digest=schedule.spec_digest,
+            previous=before.experiment_id if before is not None else None,
+        )
+        if (paths.experiment_dir(eid) / RESOLVED).is_file():
+            exp = load_resolved(paths, eid)  # a tick that crashed after submitting it
+        else:
+            try:
+                exp = submit(Path(schedule.spec_path), settings, spec=spec, experiment_id=eid)
+            except SpecError as e:  # not tried again tonight: the next night is
+                record = record.model_copy(update={"refused": str(e)})
+                write_atomic(
+                    _night_path(paths, schedule.name, night), record.model_dump_json(indent=2)
+                )
+                return record
+        (paths.experiment_dir(eid) / DAEMON_MARKER).touch()
+        record = record.model_copy(
+            update={
+                "experiment_id": eid,
+                "bases": _bases(spec, exp),
+                "trials_planned": len(exp.trial_keys()),
+                "trials_reused": len(exp.reuse.sources) if exp.reuse is not None else 0,
+            }
+        )
+        Store(paths).put(
+            NoteRecord(experiment_id=eid, kind="nightly", message=night_note(record, before))
+        )
+        write_atomic(_night_path(paths, schedule.name, night), record.model_dump_json(indent=2))
+        return record
+
+
+@dataclass(frozen=True)
+class TickResult:
+    submitted: list[Night]  # what this tick submitted or refused (records written now)
+    said: list[str]  # one line per schedule: what happened, or why nothing did
+
+
+def tick(settings: Settings, now: dt.datetime) -> TickResult:
+    """What the ``nightly_experiments`` schedule does at ``now``: submit each registered,
+    unpaused schedule's due night that has no record yet."""
+    paths = settings.paths
+    submitted: list[Night] = []
+    said: list[str] = []
+    for schedule in schedules(paths):
+        nightly = schedule.nightly
+        night = due_night(nightly, now)
+        if schedule.paused:
+            said.append(f"{schedule.name}: paused (`hangar experiment schedule --resume`)")
+            continue
+        if night is None:
+            at = next_due(nightly, now).astimezone(nightly.zone)
+            said.append(f"{schedule.name}: next night is submitted at {at:%Y-%m-%d %H:%M %Z}")
+            continue
+        if (done := read_night(paths, schedule.name, night)) is not None:
+            said.append(f"{schedule.name}: night {night} {_outcome(done)}")
+            continue
+        record = submit_night(settings, schedule, night)
+        if record is None:
+            said.append(f"{schedule.name}: night {night} is being submitted by another tick")
+            continue
+        submitted.append(record)
+        said.append(f"{schedule.name}: night {night} {_outcome(record)}")
+    return TickResult(submitted, said)
+
+
+def _outcome(night: Night) -> str:
+    if night.experiment_id is None:
+        return f"was refused: {night.refused}"
+    return (
+        f"submitted {night.experiment_id} ({night.trials_planned} trials, "
+        f"{night.trials_reused} reused)"
+    )

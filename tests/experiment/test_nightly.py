@@ -1,0 +1,240 @@
+"""Nightly schedules (issue 15 item 4) as plain functions: the spec's ``nightly:`` field, which
+night is due when, the night's derived id, registration, and a tick's submission: once per
+night, its branch resolved to that night's SHA."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hangar_dagster.experiment import nightly
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
+from hangar_dagster.experiment.spec import Nightly, SpecError, parse_spec
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import Settings, paths
+from tests.nightlyfixtures import local, move_branch, nightly_spec, sha_of
+
+pytestmark = pytest.mark.unit
+
+UTC = dt.UTC
+NY = Nightly(at="19:30", timezone="America/New_York")
+
+
+def problems_of(example_dir: Path, value: object) -> list[str]:
+    data = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    data["nightly"] = value
+    with pytest.raises(SpecError) as e:
+        parse_spec(data)
+    return [str(p) for p in e.value.problems]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ({"at": "25:00", "timezone": "UTC"}, "nightly.at: '25:00': hours must be 00-23 and minutes 00-59"),
+        ({"at": "7:30", "timezone": "UTC"}, "nightly.at: '7:30' is not HH:MM"),
+        ({"at": 1170, "timezone": "UTC"}, "nightly.at: 1170 is a number, not a time (YAML reads an unquoted 19:30 as 1170)"),
+        ({"at": "19:30", "timezone": "Mars/Olympus"}, "nightly.timezone: 'Mars/Olympus' is not a known time zone"),
+        ({"at": "19:30"}, "nightly.timezone: Field required -> add this field"),
+        ({"at": "19:30", "timezone": "UTC", "every": "day"}, "nightly.every: Extra inputs are not permitted"),
+    ],
+)  # fmt: skip
+def test_a_bad_nightly_is_refused_naming_the_field_and_the_fix(
+    example_dir: Path, value: object, said: str
+) -> None:
+    [problem] = problems_of(example_dir, value)
+    assert problem.startswith(said)
+    if "nightly.at" in said:
+        assert problem.endswith(
+            '-> write the local time as a quoted "HH:MM" (24-hour), e.g. at: "19:30"'
+        )
+    if "known time zone" in said:
+        assert problem.endswith("-> write an IANA zone name such as America/New_York or UTC")
+
+
+def test_unquoted_yaml_time_reads_as_a_number_and_is_refused(
+    example_dir: Path, tmp_path: Path
+) -> None:
+    text = (
+        example_dir / "experiment.yaml"
+    ).read_text() + "nightly:\n  at: 19:30\n  timezone: UTC\n"
+    spec = tmp_path / "unquoted.yaml"
+    spec.write_text(text)
+    from hangar_dagster.experiment.spec import load_spec
+
+    with pytest.raises(SpecError, match=r"nightly\.at: 1170 is a number"):
+        load_spec(spec)
+
+
+def test_a_good_nightly_parses() -> None:
+    assert NY.time == dt.time(19, 30) and NY.zone.key == "America/New_York"
+
+
+def test_which_night_is_due() -> None:
+    night = dt.date(2027, 1, 15)
+    assert nightly.night_time(NY, night) == dt.datetime(2027, 1, 16, 0, 30, tzinfo=UTC)
+    assert nightly.due_night(NY, local(2027, 1, 15, 19, 29)) is None
+    assert nightly.due_night(NY, local(2027, 1, 15, 19, 30)) == night
+    # after local midnight it is still the night before, until the catch-up ends
+    assert nightly.due_night(NY, local(2027, 1, 16, 1, 0)) == night
+    assert nightly.due_night(NY, local(2027, 1, 16, 1, 29)) == night
+    assert nightly.due_night(NY, local(2027, 1, 16, 1, 30)) is None
+    assert nightly.next_due(NY, local(2027, 1, 16, 1, 30)) == nightly.night_time(
+        NY, dt.date(2027, 1, 16)
+    )
+
+
+def test_a_night_in_the_spring_forward_gap_is_due_at_the_first_instant_after_it() -> None:
+    early = Nightly(at="02:30", timezone="America/New_York")
+    night = dt.date(2027, 3, 14)  # 02:00 EST -> 03:00 EDT
+    assert nightly.night_time(early, night) == local(2027, 3, 14, 3, 0)
+    assert nightly.due_night(early, local(2027, 3, 14, 1, 59)) is None
+    assert nightly.due_night(early, local(2027, 3, 14, 3, 0)) == night
+    fall = dt.date(2026, 11, 1)  # 01:30 happens twice: its later occurrence, 06:30 UTC
+    assert nightly.night_time(Nightly(at="01:30", timezone="America/New_York"), fall) == (
+        dt.datetime(2026, 11, 1, 6, 30, tzinfo=UTC)
+    )
+
+
+def test_the_night_id_is_derived_so_a_retry_finds_it() -> None:
+    a = nightly.night_experiment_id("nightly-ab", dt.date(2027, 1, 15), "sha256:aa")
+    assert a == nightly.night_experiment_id("nightly-ab", dt.date(2027, 1, 15), "sha256:aa")
+    assert a.startswith("nightly_ab_") and len(a) == len("nightly_ab_") + 8
+    assert a != nightly.night_experiment_id("nightly-ab", dt.date(2027, 1, 16), "sha256:aa")
+    assert a != nightly.night_experiment_id("nightly-ab", dt.date(2027, 1, 15), "sha256:bb")
+
+
+def test_moved_bases_names_each_task_whose_sha_changed() -> None:
+    def night(d: int, **shas: str) -> nightly.Night:
+        when = dt.datetime(2027, 1, d, tzinfo=UTC)
+        bases = {t: nightly.TaskBase(ref="trunk", sha=s) for t, s in shas.items()}
+        return nightly.Night(
+            schedule="s", night=when.date(), due_at=when, submitted_at=when, spec_digest="d",
+            experiment_id=f"e{d}", bases=bases,
+        )  # fmt: skip
+
+    one, two = (
+        night(1, median="a" * 40, slugify="b" * 40),
+        night(2, median="c" * 40, slugify="b" * 40),
+    )
+    assert nightly.moved_bases(one, two) == {"median": ("a" * 40, "c" * 40)}
+    assert nightly.moved_bases(None, two) == {}
+
+
+def test_register_copies_the_spec_and_refuses_another_copy_without_replace(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    spec = nightly_spec(example_dir, tmp_path)
+    settings = Settings.from_env()
+    s = nightly.register(spec, settings)
+    assert s.spec_text == spec.read_text() and s.spec_digest == nightly.spec_digest(
+        spec.read_text()
+    )
+    assert nightly.register(spec, settings) == s  # the same copy: nothing changes
+    spec.write_text(spec.read_text().replace("trials: 1", "trials: 2"))
+    with pytest.raises(nightly.NightlyError, match="add --replace"):
+        nightly.register(spec, settings)
+    assert nightly.read_schedule(paths(), "nightly-ab") == s  # the stored copy runs, not the edit
+    replaced = nightly.register(spec, settings, replace=True)
+    assert replaced.spec_digest != s.spec_digest and "trials: 2" in replaced.spec_text
+
+
+def test_register_refuses_a_spec_without_nightly_or_with_an_unknown_branch(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    with pytest.raises(SpecError, match="nightly: the spec has no nightly schedule"):
+        nightly.register(example_dir / "experiment.yaml", settings)
+    spec = nightly_spec(example_dir, tmp_path)
+    spec.write_text(spec.read_text().replace("base: trunk", "base: no-such-branch"))
+    with pytest.raises(
+        SpecError, match=r"tasks\[0\]\.base: .*no commit, tag or branch named 'no-such-branch'"
+    ):
+        nightly.register(spec, settings)
+    assert nightly.schedules(paths()) == []
+
+
+def test_pause_resume_remove(example_dir: Path, hangar_home: Path, tmp_path: Path) -> None:
+    p = paths()
+    nightly.register(nightly_spec(example_dir, tmp_path), Settings.from_env())
+    assert nightly.set_paused(p, "nightly-ab", True).paused
+    night_time = local(2027, 1, 15, 19, 30)
+    said = nightly.tick(Settings.from_env(), night_time)
+    assert said.submitted == [] and said.said == [
+        "nightly-ab: paused (`hangar experiment schedule --resume`)"
+    ]
+    assert not nightly.set_paused(p, "nightly-ab", False).paused
+    nightly.remove(p, "nightly-ab")
+    assert nightly.schedules(p) == []
+    with pytest.raises(nightly.NightlyError, match="no nightly schedule 'nightly-ab'"):
+        nightly.set_paused(p, "nightly-ab", True)
+
+
+def test_a_tick_submits_each_night_once_with_that_nights_branch_sha(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    p = settings.paths
+    spec = nightly_spec(example_dir, tmp_path)
+    nightly.register(spec, settings)
+    spec.write_text("an edit after registering changes nothing that runs\n")
+    first = local(2027, 1, 15, 19, 30)
+    assert nightly.tick(settings, first - dt.timedelta(minutes=1)).submitted == []
+
+    sha1 = sha_of(tmp_path, "median")
+    [one] = nightly.tick(settings, first).submitted
+    assert one.night == dt.date(2027, 1, 15) and one.experiment_id is not None
+    assert one.bases["median"] == nightly.TaskBase(ref="trunk", sha=sha1)
+    assert (p.experiment_dir(one.experiment_id) / DAEMON_MARKER).is_file()  # the daemon drives it
+    # the tick again (retried), a minute later, or past midnight: the same night, no second one
+    for again in (first, first + dt.timedelta(minutes=1), local(2027, 1, 16, 0, 10)):
+        result = nightly.tick(settings, again)
+        assert result.submitted == []
+        assert result.said == [
+            f"nightly-ab: night 2027-01-15 submitted {one.experiment_id} (4 trials, 0 reused)"
+        ]
+    assert [n.experiment_id for n in nightly.nights(p, "nightly-ab")] == [one.experiment_id]
+
+    sha2 = move_branch(tmp_path, "median")
+    assert sha2 != sha1
+    [two] = nightly.tick(settings, local(2027, 1, 16, 19, 31)).submitted
+    assert two.night == dt.date(2027, 1, 16) and two.previous == one.experiment_id
+    assert two.bases["median"] == nightly.TaskBase(ref="trunk", sha=sha2)
+    assert two.bases["slugify"] == one.bases["slugify"]
+    assert nightly.moved_bases(one, two) == {"median": (sha1, sha2)}
+    [note] = [n for n in Store(p).notes(two.experiment_id) if n.kind == "nightly"]
+    assert (
+        f"moved since night 2027-01-15 ({one.experiment_id}): median {sha1[:12]} -> {sha2[:12]}"
+        in note.message
+    )
+
+
+def test_a_tick_that_crashed_after_submitting_finishes_that_night_without_a_second(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    p = settings.paths
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    first = local(2027, 1, 15, 19, 30)
+    [one] = nightly.tick(settings, first).submitted
+    assert one.experiment_id is not None
+    # as if the tick died after submit, before its record: the next tick records that experiment
+    (p.nightly / "nightly-ab" / "nights" / "2027-01-15.json").unlink()
+    [again] = nightly.tick(settings, first + dt.timedelta(minutes=1)).submitted
+    assert again.experiment_id == one.experiment_id
+    assert sorted(d.name for d in p.experiments.iterdir()) == [one.experiment_id]
+
+
+def test_a_refused_night_is_recorded_and_not_tried_again_that_night(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    (tmp_path / "repos" / "median").rename(tmp_path / "gone")
+    first = local(2027, 1, 15, 19, 30)
+    [refused] = nightly.tick(settings, first).submitted
+    assert refused.experiment_id is None and "tasks[0]" in (refused.refused or "")
+    assert nightly.tick(settings, first + dt.timedelta(minutes=5)).submitted == []
