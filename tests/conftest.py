@@ -410,6 +410,22 @@ PY
 SLEEP_THEN_FIX = 'case "$HANGAR_SEED" in *:1) sleep 600;; esac\n' + FIX_MEDIAN
 
 
+def stage_succeeded(home: Path, experiment_id: str, stage: str) -> bool:
+    """Whether a run of ``experiment_id``'s ``stage`` succeeded in ``home``'s Dagster instance."""
+    import dagster as dg
+
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        records = instance.get_run_records(
+            dg.RunsFilter(
+                tags={TAG_EXPERIMENT: experiment_id, TAG_STAGE: stage},
+                statuses=[dg.DagsterRunStatus.SUCCESS],
+            )
+        )
+    return bool(records)
+
+
 def attempts(
     home: Path, experiment_id: str | None = None
 ) -> list[tuple[int, str, str | None, str, str | None]]:

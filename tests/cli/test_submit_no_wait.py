@@ -11,12 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from hangar_dagster.cli.ui import reload_location
-from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
-from tests.conftest import hangar, start_ui
+from tests.conftest import hangar, stage_succeeded, start_ui
 
 pytestmark = pytest.mark.integration
 
@@ -138,21 +136,10 @@ def test_the_daemon_picks_the_experiment_up_though_the_reload_request_stalled(
         assert submitted.returncode == 0, submitted.stderr
         experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
         deadline = time.monotonic() + 600
-        while not spec_succeeded(home, experiment_id):
+        while not stage_succeeded(home, experiment_id, "spec"):
             assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(2)
         assert "reloaded the code location: 1 active experiment(s)" in log.read_text()
     finally:
         ui.send_signal(signal.SIGTERM)
         ui.wait(timeout=120)
-
-
-def spec_succeeded(home: Path, experiment_id: str) -> bool:
-    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
-        records = instance.get_run_records(
-            dg.RunsFilter(
-                tags={TAG_EXPERIMENT: experiment_id, TAG_STAGE: "spec"},
-                statuses=[dg.DagsterRunStatus.SUCCESS],
-            )
-        )
-    return bool(records)
