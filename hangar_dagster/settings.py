@@ -134,6 +134,11 @@ class HangarPaths:
         (experiment/nightly.py)."""
         return self.home / "nightly"
 
+    @property
+    def shadows(self) -> Path:
+        """One folder per registered shadow policy: its policy, cursor and merges (shadow/)."""
+        return self.home / "shadows"
+
     def experiment_dir(self, experiment_id: str) -> Path:
         return self.experiments / experiment_id
 

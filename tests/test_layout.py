@@ -23,6 +23,7 @@ ROOMS = {
     "cli",
     "standins",
     "util",
+    "shadow",
 }
 TOP_MODULES = {"__init__.py", "settings.py"}
 

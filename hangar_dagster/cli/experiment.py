@@ -281,6 +281,8 @@ def get_cmd(
     out = {
         "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
         "archived": None if archived is None else archived.model_dump(mode="json"),
+        # A shadow's experiment: the policy and the merge each task is (task id -> SHA).
+        "shadow": None if exp.shadow is None else exp.shadow.model_dump(mode="json"),
         "pins": {
             v: pin.model_dump(mode="json") for v, pin in store.pins(record.experiment_id).items()
         },
@@ -306,6 +308,12 @@ def get_cmd(
             f"  [yellow]archived[/] {archived.at:%Y-%m-%d %H:%M %Z} by {escape(archived.by)}"
             + (f" (forced, {archived.pending_trials} trial(s) given up)" if archived.forced else "")
             + f"; not in the loaded definitions (`hangar experiment unarchive {record.experiment_id}`)"
+        )
+    if exp.shadow is not None:
+        console.print(
+            f"  shadow {exp.shadow.policy}: {len(exp.shadow.merges)} merge(s) of "
+            f"{escape(exp.shadow.repo)} {exp.shadow.mainline} (`hangar shadow status "
+            f"{exp.shadow.policy}`)"
         )
     for variant, pin in out["pins"].items():
         # The egress the variant's trials run under (the seed's pins.trial_egress).
@@ -335,10 +343,7 @@ def get_cmd(
             str(row.get("trust") or "-"),
             f"{counts.get('passed', 0)}/{counts.get('total', 0)}" if counts else "-",
             f"{row.get('duration_s', 0):.1f}",
-            # reused: measured by an earlier experiment, not run or paid here
-            f"reused {(row.get('reused_from') or {}).get('experiment_id')}"
-            if row.get("reused_from")
-            else "fresh",
+            _source(row),
         )
     console.print(table)
     for row in report.failed:  # worst first, each with the grader's or the trial's reason
@@ -369,6 +374,15 @@ def get_cmd(
         )
     for note in queue["notes"]:
         console.print(f"  queue note: {note}")
+
+
+def _source(row: dict[str, Any]) -> str:
+    if row.get("source") == "shadow":  # a candidate run on a merge, graded against it
+        return f"shadow of {str(row.get('shadow_of'))[:12]}"
+    # reused: measured by an earlier experiment, not run or paid here
+    if row.get("reused_from"):
+        return f"reused {(row.get('reused_from') or {}).get('experiment_id')}"
+    return "fresh"
 
 
 def _attempts(trials: list[Any]) -> list[dict[str, Any]]:

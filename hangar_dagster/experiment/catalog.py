@@ -26,7 +26,8 @@ from hangar_dagster.util.fs import fsync
 
 ARCHIVED = "archived.json"
 # In an experiment's folder: the daemon drives it (written by `hangar experiment run` without
-# --wait and by a nightly schedule's submission; orchestration/sensors.py reads it).
+# --wait, by a nightly schedule's submission and by the shadow sensor; orchestration/sensors.py
+# reads it).
 DAEMON_MARKER = "drive-by-daemon"
 
 

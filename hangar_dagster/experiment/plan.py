@@ -77,6 +77,16 @@ class ReusePlan(_Frozen):
     regrade_of: dict[str, dict[str, str | int]] = {}
 
 
+class ShadowOrigin(_Frozen):
+    """Where a shadow experiment's tasks came from (shadow/): each task is one merge."""
+
+    policy: str
+    repo: str
+    mainline: str
+    tip: str  # the mainline commit the sensor's tick looked up to
+    merges: dict[str, str]  # task id -> the merge's SHA (a trial's shadow_of)
+
+
 class ResolvedExperiment(_Frozen):
     experiment_id: str
     name: str
@@ -89,6 +99,7 @@ class ResolvedExperiment(_Frozen):
     grader_digest: str
     reuse: ReusePlan | None = None  # None: decided before reuse existed, or nothing to decide
     regrade_of: str | None = None  # the experiment whose stored patches this one grades again
+    shadow: ShadowOrigin | None = None  # a shadow's experiment: its trials are source shadow
 
     @property
     def canary(self) -> str:

@@ -468,7 +468,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _structural(err: ValidationError) -> list[Problem]:
+def structural_problems(err: ValidationError) -> list[Problem]:
     problems: list[Problem] = []
     for e in err.errors():
         # A union (hidden_tests) reports each arm; the first is enough to fix it.
@@ -573,32 +573,37 @@ def shown(value: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}...' ({len(value)} characters)"
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+def require_mapping(data: Any, source: str, what: str, keys: str) -> None:
+    """Refuse a YAML document that is not a mapping (a list, a string), naming its keys."""
     if not isinstance(data, dict):
         raise SpecError(
             source,
             [
                 Problem(
                     path="(top level)",
-                    message="the spec is not a mapping",
-                    fix="write the spec as YAML keys: name, tasks, variants, ...",
+                    message=f"the {what} is not a mapping",
+                    fix=f"write the {what} as YAML keys: {keys}, ...",
                 )
             ],
         )
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> ExperimentSpec:
+    require_mapping(data, source, "spec", "name, tasks, variants")
     try:
         spec = ExperimentSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(source, _structural(err)) from None
+        raise SpecError(source, structural_problems(err)) from None
     problems = semantic_problems(spec)
     if problems:
         raise SpecError(source, problems)
     return spec
 
 
-def load_spec(path: Path) -> ExperimentSpec:
-    """Read (bounded, strict UTF-8), parse (duplicate keys, bombs, tags refused) and check."""
+def load_yaml_file(path: Path, what: str, limit: int = MAX_SPEC_BYTES) -> Any:
+    """A bounded YAML file (a spec, a shadow policy) as data; every refusal a ``SpecError``."""
     try:
-        text = read_text_bounded(path, MAX_SPEC_BYTES, "spec")
+        text = read_text_bounded(path, limit, what)
     except InputFileError as err:
         raise SpecError(
             str(path),
@@ -606,12 +611,12 @@ def load_spec(path: Path) -> ExperimentSpec:
                 Problem(
                     path="(file)",
                     message=str(err),
-                    fix=f"check the path; a spec is a UTF-8 YAML file of at most {MAX_SPEC_BYTES} bytes",
+                    fix=f"check the path; a {what} is a UTF-8 YAML file of at most {limit} bytes",
                 )
             ],
         ) from None
     try:
-        data = load_yaml(text)
+        return load_yaml(text)
     except YAMLRefusal as err:
         raise SpecError(
             str(path), [Problem(path=err.path, message=err.message, fix=err.fix)]
@@ -627,7 +632,11 @@ def load_spec(path: Path) -> ExperimentSpec:
                 )
             ],
         ) from None
-    return parse_spec(data, str(path))
+
+
+def load_spec(path: Path) -> ExperimentSpec:
+    """Read (bounded, strict UTF-8), parse (duplicate keys, bombs, tags refused) and check."""
+    return parse_spec(load_yaml_file(path, "spec"), str(path))
 
 
 def json_schema() -> dict[str, Any]:

@@ -34,7 +34,12 @@ from hangar_dagster.experiment.overlay import (
 )
 from hangar_dagster.experiment.overlay import build as build_overlay
 from hangar_dagster.experiment.pins import environment_digest, lock_pin_content, pin_set_id
-from hangar_dagster.experiment.plan import ResolvedExperiment, ResolvedTask, ResolvedVariant
+from hangar_dagster.experiment.plan import (
+    ResolvedExperiment,
+    ResolvedTask,
+    ResolvedVariant,
+    ShadowOrigin,
+)
 from hangar_dagster.experiment.regrade import (
     RegradeSubmitted,
     earlier_regrade,
@@ -436,13 +441,16 @@ def submit(
     regrade: ResolvedExperiment | None = None,
     spec: ExperimentSpec | None = None,
     experiment_id: str | None = None,
+    shadow: ShadowOrigin | None = None,
 ) -> ResolvedExperiment:
     """Validate and resolve ``spec_path``, then store it; raises SpecError having written nothing.
 
     ``regrade``: the experiment whose stored patches this one grades again under its grader
     (experiment/regrade.py), instead of planning reuse. ``spec``: the spec already read (a
     nightly schedule's stored copy), ``spec_path`` then only anchors its relative paths;
-    ``experiment_id``: the id to use (a night's, derived so that a retried tick finds it)."""
+    ``experiment_id``: the id to use (a night's, derived so that a retried tick finds it).
+    ``shadow``: the merges a shadow's experiment was built from (shadow/tick.py); its trials say
+    source shadow."""
     paths = settings.paths
     spec = load_spec(spec_path) if spec is None else spec
     experiment_id = experiment_id or new_experiment_id(spec.name)
@@ -460,6 +468,8 @@ def submit(
             experiment_id=experiment_id,
             overlays=OverlayTarget(build=built, final=final / OVERLAYS),
         )
+        if shadow is not None:
+            exp = exp.model_copy(update={"shadow": shadow})
         n_trials = len(exp.trial_keys())
         if problems := cli_problems(exp, settings):
             raise SpecError(str(spec_path), problems)

@@ -24,7 +24,11 @@ from hangar_dagster.orchestration.schedules import (
     build_nightly_schedule,
     build_open_schedule,
 )
-from hangar_dagster.orchestration.sensors import build_experiment_driver, drain_all
+from hangar_dagster.orchestration.sensors import (
+    build_experiment_driver,
+    build_shadow_sensor,
+    drain_all,
+)
 from hangar_dagster.settings import Settings
 
 
@@ -47,7 +51,8 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         assets=assets,
         asset_checks=checks,
         jobs=jobs,
-        sensors=[build_experiment_driver(jobs)] if jobs else [],
+        # The shadow sensor is always there: a policy registered later needs no reload.
+        sensors=[*([build_experiment_driver(jobs)] if jobs else []), build_shadow_sensor()],
         schedules=schedules,
         resources={"hangar": HangarResource.from_settings(settings)},
     )

@@ -55,6 +55,7 @@ from hangar_dagster.queue.starts import (
 )
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
+from hangar_dagster.shadow.tick import tick as shadow_tick
 
 IN_FLIGHT = frozenset(
     {
@@ -342,3 +343,27 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
                 context.log.info(f"waiting: {why}")
 
     return experiment_driver
+
+
+def build_shadow_sensor() -> dg.SensorDefinition:
+    """``shadow_merges``: each tick looks at every registered shadow policy's mainline and
+    submits the kept merges as a shadow experiment for the driver (shadow/tick.py). It requests
+    no run itself: the experiment_driver sensor runs the experiment once the location loaded it."""
+
+    @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+    def shadow_merges(
+        context: dg.SensorEvaluationContext, hangar: HangarResource
+    ) -> Iterator[dg.SkipReason]:
+        settings = hangar.settings()
+        if (refused := foreign_daemon(context.instance, settings)) is not None:
+            yield dg.SkipReason(refused)
+            return
+        results = shadow_tick(settings, dt.datetime.now(dt.UTC))
+        for r in results:
+            context.log.info(r.said)
+        yield dg.SkipReason(
+            "; ".join(r.said for r in results)
+            or "no shadow policy is registered (`hangar shadow register POLICY.yaml`)"
+        )
+
+    return shadow_merges

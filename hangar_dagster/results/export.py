@@ -69,6 +69,8 @@ def export_experiment(
             "outcome_class": t.outcome_class,
             "infra_reason": t.infra_reason,
             "reused_from": t.reused_from,
+            "source": t.source or "experiment",
+            "shadow_of": t.shadow_of,
             "dir": _attempt_dir(t),
         }
         for t in trials

@@ -161,6 +161,10 @@ class TrialRecord(Record):
     # is, {experiment_id, trial_key, attempt, run_id, finished_at}. The row keeps that
     # measurement's own times and cost; it was not run, and is not paid, again.
     reused_from: dict[str, Any] | None = None
+    # experiment, or shadow: a candidate run on a merge (shadow/), graded against what was
+    # merged, delivering nothing. None in rows stored before it was recorded (experiment).
+    source: Literal["experiment", "shadow"] | None = None
+    shadow_of: str | None = None  # a shadow trial's merge SHA
 
 
 class GradeRecord(Record):

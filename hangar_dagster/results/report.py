@@ -976,7 +976,7 @@ def to_html(report: Report, png: bytes | None) -> str:
             parts.append(
                 f"<tr><td>{_trial_link(report, ev.trial.trial_key)}</td><td>{ev.trial.attempt}</td>"
                 f"<td>{e(ev.trial.outcome_class)}</td><td>{grade}</td><td>{tests}</td>"
-                f"<td>{e(_source(ev.trial))}</td></tr>"
+                f"<td>{e(trial_source(ev.trial))}</td></tr>"
             )
         parts.append("</table>")
     parts.append("<h2>Readback</h2><ul class=readback>")
@@ -985,8 +985,10 @@ def to_html(report: Report, png: bytes | None) -> str:
     return "".join(parts)
 
 
-def _source(t: TrialRecord) -> str:
-    """Fresh (run here), or the earlier measurement a reused trial is."""
+def trial_source(t: TrialRecord) -> str:
+    """Fresh (run here), a shadow's merge, or the earlier measurement a reused trial is."""
+    if t.source == "shadow":
+        return f"shadow of {t.shadow_of}"
     r = t.reused_from
     if not r:
         return "fresh"

@@ -117,6 +117,7 @@ def trial_page_html(experiment: str, ev: Evidence, back: str | None = "../report
         ("hidden tests", json.dumps(g.hidden_tests) if g else None),
         ("trial run", t.run_id),
         ("reused from", _reused(t.reused_from)),
+        ("shadow of", t.shadow_of),  # a shadow trial: the merge it was graded against
         ("graded in run", g.run_id if g else None),
         ("cost", f"${t.cost_usd:.4f}, {t.tokens_in + t.tokens_out} tokens, {t.turns} turns"),
     ]

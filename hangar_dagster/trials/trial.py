@@ -465,6 +465,8 @@ def pinned_fields(
         "model_concrete_basis": variant.model_concrete_basis,
         "agent": variant.adapter,
         "base_sha": exp.tasks[key.task].base_sha,
+        "source": "shadow" if exp.shadow else "experiment",
+        "shadow_of": exp.shadow.merges.get(key.task) if exp.shadow else None,
     }
 
 

@@ -15,11 +15,12 @@ import factories as f
 import pytest
 
 from hangar_dagster.cli.ui import WORKSPACE_YAML
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.orchestration.definitions import build_definitions
 from hangar_dagster.orchestration.instance import ensure_dagster_home
-from hangar_dagster.orchestration.sensors import DAEMON_MARKER, decide
+from hangar_dagster.orchestration.sensors import decide
 from hangar_dagster.queue.window import parse_window
 from hangar_dagster.settings import Settings, paths
 

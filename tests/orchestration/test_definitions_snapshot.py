@@ -156,4 +156,4 @@ def test_the_snapshot_covers_every_stage(example_defs: tuple[dg.Definitions, str
         "nightly_experiments",
         "<experiment>__eval_window_open",
     }
-    assert want["sensors"] == ["experiment_driver"]
+    assert want["sensors"] == ["experiment_driver", "shadow_merges"]

@@ -34,7 +34,8 @@ SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   (coalesce(g.task_invalid, false) OR coalesce(b.invalid, false)) AS task_invalid,
   g.contamination, g.tamper_signals,
   t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin,
-  t.reused_from, g.grader_digest, g.regrade_of
+  t.reused_from, g.grader_digest, g.regrade_of,
+  coalesce(t.source, 'experiment') AS source, t.shadow_of
 FROM trials t
 LEFT JOIN grades g
   ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt

@@ -1,0 +1,1 @@
+"""Shadows: a candidate harness run on a repository's real merges (docs/architecture.md, "Shadows")."""

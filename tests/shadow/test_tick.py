@@ -1,0 +1,155 @@
+"""The shadow sensor's body without Dagster: submit, cursor, a crash between them, refusals,
+and what ``status`` makes of the base checks' verdicts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
+from hangar_dagster.experiment.submit import load_resolved
+from hangar_dagster.queue.window import parse_window
+from hangar_dagster.results.store import Store
+from hangar_dagster.settings import Settings
+from hangar_dagster.shadow.policy import (
+    STATE,
+    load_policy,
+    policy_dir,
+    read_state,
+    register,
+)
+from hangar_dagster.shadow.status import merge_rows, shadow_rate
+from hangar_dagster.shadow.tick import SUBMIT_REFUSED, night_of, tick_policy
+from tests import factories as f
+from tests.shadowfixtures import Mainline, standin_candidate
+
+pytestmark = pytest.mark.unit
+
+NOW = dt.datetime(2026, 12, 3, 1, 30, tzinfo=dt.UTC)
+
+
+def registered_shadow(tmp_path: Path, settings: Settings, **kw: Any) -> Mainline:
+    repo = Mainline(tmp_path)
+    registry, lock = standin_candidate(tmp_path, {})
+    data = {
+        "name": "calc",
+        "repo": "mainline",
+        "harness_lock": lock,
+        "harness_repo": str(registry),
+        "sample_rate": 1.0,
+        "max_per_night": 5,
+    } | kw
+    path = tmp_path / "shadow.yaml"
+    path.write_text(yaml.safe_dump(data))
+    register(load_policy(path), settings, NOW)
+    return repo
+
+
+def test_a_tick_submits_the_kept_merges_for_the_daemon_and_moves_the_cursor(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    sha = repo.fix_add()
+    result = tick_policy(settings, "calc", NOW)
+    assert result.experiment_id is not None
+    exp = load_resolved(settings.paths, result.experiment_id)
+    assert exp.shadow is not None and exp.shadow.merges == {f"m-{sha[:12]}": sha}
+    assert exp.tasks[f"m-{sha[:12]}"].base_sha == git_parent(repo, sha)
+    assert (settings.paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).exists()
+    state = read_state(settings.paths, "calc")
+    assert state.cursor == sha and [d.experiment_id for d in state.merges] == [exp.experiment_id]
+
+
+def git_parent(repo: Mainline, sha: str) -> str:
+    from hangar_dagster.util.gitrepo import git
+
+    return git("rev-parse", f"{sha}^1", cwd=repo.path).strip()
+
+
+def test_a_tick_cut_off_before_it_moved_the_cursor_does_not_submit_twice(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    before = (policy_dir(settings.paths, "calc") / STATE).read_text()
+    repo.fix_add()
+    first = tick_policy(settings, "calc", NOW)
+    # The crash: the experiment was submitted, the state not yet written.
+    (policy_dir(settings.paths, "calc") / STATE).write_text(before)
+    again = tick_policy(settings, "calc", NOW)
+    assert again.experiment_id == first.experiment_id
+    assert len([d for d in settings.paths.experiments.iterdir() if d.is_dir()]) == 1
+    assert len(read_state(settings.paths, "calc").merges) == 1
+
+
+def test_a_submit_the_budget_refuses_drops_the_merges_saying_why(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {"HANGAR_HOME": str(tmp_path / "home"), "HANGAR_EVAL_BUDGET_USD_MONTH": "1"}
+    )
+    repo = registered_shadow(tmp_path, settings, trial_job_budget={"max_cost_usd": 5.0})
+    repo.fix_add()
+    result = tick_policy(settings, "calc", NOW)
+    [d] = result.decisions
+    assert result.experiment_id is None
+    assert (d.kept, d.reason) == (False, SUBMIT_REFUSED)
+    assert "team eval budget" in (d.detail or "")
+    assert read_state(settings.paths, "calc").cursor == repo.head()  # not looked at again
+
+
+def test_kept_merges_wait_for_the_window_and_a_days_merges_make_one_experiment(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env(
+        {
+            "HANGAR_HOME": str(tmp_path / "home"),
+            "HANGAR_EVAL_WINDOW": "20:00-23:00",
+            "HANGAR_EVAL_TZ": "UTC",
+        }
+    )
+    repo = registered_shadow(tmp_path, settings)
+    noon = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+    a = repo.fix_add()
+    first = tick_policy(settings, "calc", noon)
+    assert first.experiment_id is None and "wait for the eval window" in first.said
+    b = repo.fix_sub()
+    tick_policy(settings, "calc", noon + dt.timedelta(hours=1))
+    assert not settings.paths.experiments.exists() or not any(settings.paths.experiments.iterdir())
+    evening = tick_policy(settings, "calc", noon + dt.timedelta(hours=8, minutes=30))
+    assert evening.experiment_id is not None and "submitted 2" in evening.said
+    exp = load_resolved(settings.paths, evening.experiment_id)
+    assert exp.shadow is not None and set(exp.shadow.merges.values()) == {a, b}
+    state = read_state(settings.paths, "calc")
+    assert {d.night for d in state.merges} == {"2026-12-03"}
+    assert {d.experiment_id for d in state.merges} == {evening.experiment_id}
+
+
+def test_the_night_is_the_date_the_window_opens_on() -> None:
+    window = parse_window("20:00-00:15", "America/New_York")
+    # 01:30 UTC on the 3rd is 20:30 on the 2nd in New York: inside the night of the 2nd.
+    assert night_of(window, NOW) == "2026-12-02"
+    # At noon New York time the window is shut: merges count towards that evening.
+    assert night_of(window, dt.datetime(2026, 12, 3, 17, 0, tzinfo=dt.UTC)) == "2026-12-03"
+
+
+def test_status_reads_the_base_check_and_the_graded_trial(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    a = repo.fix_add()
+    b = repo.fix_sub()
+    eid = tick_policy(settings, "calc", NOW).experiment_id
+    assert eid is not None
+    store = Store(settings.paths)
+    state = read_state(settings.paths, "calc")
+    assert [r.state for r in merge_rows(state, store)] == ["queued", "queued"]
+    assert shadow_rate(merge_rows(state, store)) is None
+    store.put(f.base_check(f"m-{b[:12]}", experiment_id=eid, base_passed=True, invalid=True))
+    store.put(f.base_check(f"m-{a[:12]}", experiment_id=eid))
+    store.put(f.trial("candidate", f"m-{a[:12]}", 1, experiment_id=eid))
+    store.put(f.grade("candidate", f"m-{a[:12]}", 1, experiment_id=eid, passed=True))
+    rows = {r.sha: r for r in merge_rows(state, store)}
+    assert (rows[a].state, rows[b].state, rows[b].reason) == ("passed", "dropped", "base_passes")
+    rate = shadow_rate(list(rows.values()))
+    assert rate is not None and rate.n_tasks == 1 and rate.pts == 100.0
