@@ -14,6 +14,7 @@ from hangar_dagster.results.records import (
     ExperimentPinRecord,
     ExperimentRecord,
     GradeRecord,
+    GradeTestRecord,
     NoteRecord,
     PinSetRecord,
     TrialRecord,
@@ -179,6 +180,31 @@ def grade(
         duration_s=4.5,
     )
     return GradeRecord(**(fields | kw))
+
+
+def graded(
+    variant: str, task: str, attempt: int = 1, tests: int = 3, experiment_id: str = EXP
+) -> GradeRecord:
+    """``grade`` of the key with ``tests`` per-test rows (all passed, each failing on base)."""
+    g = grade(variant, task, attempt=attempt, experiment_id=experiment_id)
+    return g.with_tests(
+        [
+            GradeTestRecord(
+                experiment_id=experiment_id,
+                trial_key=g.trial_key,
+                variant=variant,
+                task=task,
+                replicate=1,
+                attempt=attempt,
+                test_id=f"test_mod::test_{n}",
+                outcome="passed",
+                duration_s=0.1,
+                message=None,
+                on_base="fail_to_pass",
+            )
+            for n in range(tests)
+        ]
+    )
 
 
 def note(message: str = "overlay variant 'base' is deprecated", **kw: Any) -> NoteRecord:

@@ -45,19 +45,8 @@ class Progress:
 
 
 def read_progress(store: Any, experiment_id: str, planned: int, elapsed_s: float) -> Progress:
-    """The counts of ``experiment_id`` as the store has them now."""
-    attempts = store.trials(experiment_id, all_attempts=True)
-    latest = store.index(experiment_id)  # one row per key: its highest attempt and its grade
-    ran = [r for r in latest if r["outcome_class"] != "infra_error"]
-    return Progress(
-        planned=planned,
-        done=len(ran),
-        graded=sum(r["passed"] is not None for r in ran),
-        passed=sum(r["passed"] is True for r in ran),
-        failed=sum(r["passed"] is False for r in ran),
-        infra_errors=sum(a.outcome_class == "infra_error" for a in attempts),
-        elapsed_s=elapsed_s,
-    )
+    """The counts of ``experiment_id`` as the store has them now (``Store.progress_counts``)."""
+    return Progress(planned=planned, elapsed_s=elapsed_s, **store.progress_counts(experiment_id))
 
 
 class Ticker:

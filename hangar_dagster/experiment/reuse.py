@@ -38,7 +38,7 @@ from hangar_dagster.experiment.pins import environment_digest
 from hangar_dagster.experiment.plan import ResolvedExperiment, ReusePlan, ReuseSource, TrialKey
 from hangar_dagster.experiment.spec import DEFAULT_REUSE_MAX_AGE_DAYS
 from hangar_dagster.grading.grader import grader_digest, hidden_files_for
-from hangar_dagster.results.records import GradeRecord, NoteRecord, TrialRecord
+from hangar_dagster.results.records import NoteRecord, Record, TrialRecord
 from hangar_dagster.results.store import DuplicateRecordError, Store
 from hangar_dagster.settings import HangarPaths
 from hangar_dagster.util.digests import sha256_json
@@ -424,6 +424,7 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
     by_source: dict[str, list[tuple[str, ReuseSource]]] = {}
     for key, src in sorted(todo.items()):
         by_source.setdefault(src.experiment_id, []).append((key, src))
+    batch: list[Record] = []
     for source_id, items in by_source.items():
         rows = {(t.trial_key, t.attempt): t for t in store.trials(source_id, all_attempts=True)}
         grades = {(g.trial_key, g.attempt): g for g in store.grades(source_id, all_attempts=True)}
@@ -450,10 +451,9 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
                     t.model_copy(update=renamed)
                     for t in tests.get((src.trial_key, src.attempt), [])
                 ]
-                _put(store, copy.with_tests(copied_tests))
+                batch.append(copy.with_tests(copied_tests))
             if key not in have:
-                _put(
-                    store,
+                batch.append(
                     row.model_copy(
                         update=renamed
                         | {
@@ -464,11 +464,20 @@ def materialize(exp: ResolvedExperiment, store: Store, paths: HangarPaths) -> li
                     ),
                 )
                 written.append(key)
+    _put_all(store, batch)
     return written
 
 
-def _put(store: Store, record: TrialRecord | GradeRecord) -> None:
+def _put_all(store: Store, records: list[Record]) -> None:
+    """``records`` in one batch (one DuckDB connection for hundreds of copies); each grade
+    precedes its trial, so a copied trial never shows ungraded for a moment."""
     try:
-        store.put(record)
+        store.put_many(records)
     except DuplicateRecordError:
-        pass  # another writer (a run racing the spec stage) stored it first: one counts
+        # another writer (a run racing the spec stage) stored one first: one counts, so the
+        # rest go one by one, each refused copy skipped
+        for record in records:
+            try:
+                store.put(record)
+            except DuplicateRecordError:
+                pass

@@ -33,7 +33,7 @@ from hangar_dagster.grading.grader import (
 )
 from hangar_dagster.queue.drain import interrupted
 from hangar_dagster.queue.partitions import NO_TRIAL, plan_partitions
-from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, TrialRecord
+from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, Record, TrialRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.trial import RAW_PATCH
@@ -125,12 +125,31 @@ def grade_and_store(
 ) -> GradeRecord:
     """Grade one stored attempt from its raw patch and store the grade (and its notes);
     ``run``: the grader's run of the same patch, when it was already made."""
-    patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
-    grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings, run)
-    store.put(grade)
-    for note in contamination_notes(grade):  # the experiment note and the audit entry
-        store.put(note)
-    return grade
+    return grade_all_and_store(exp, store, [trial], checks, run_id, paths, settings, run)[0]
+
+
+def grade_all_and_store(
+    exp: ResolvedExperiment,
+    store: Store,
+    trials: list[TrialRecord],
+    checks: dict[str, BaseCheckRecord],
+    run_id: str,
+    paths: HangarPaths,
+    settings: Settings | None,
+    run: GraderRun | None = None,
+) -> list[GradeRecord]:
+    """``grade_and_store`` of each of ``trials`` (one patch's group, given ``run``), their
+    grades and notes stored in one batch (``Store.put_many``: one DuckDB connection)."""
+    grades: list[GradeRecord] = []
+    records: list[Record] = []
+    for trial in trials:
+        patch = (Path(trial.artifacts_dir) / RAW_PATCH).read_text()
+        grade = grade_trial(exp, trial, patch, checks.get(trial.task), run_id, paths, settings, run)
+        grades.append(grade)
+        # the grade first, then its notes (the experiment note and the audit entry)
+        records += [grade, *contamination_notes(grade)]
+    store.put_many(records)
+    return grades
 
 
 def patch_groups(exp: ResolvedExperiment, trials: list[TrialRecord]) -> list[list[TrialRecord]]:
@@ -168,7 +187,7 @@ def grade_group(
     if first.outcome_class != "infra_error":
         patch = (Path(first.artifacts_dir) / RAW_PATCH).read_text()
         run = grader_run(exp, first, patch, checks.get(first.task), paths, settings)
-    return [grade_and_store(exp, store, t, checks, run_id, paths, settings, run) for t in group]
+    return grade_all_and_store(exp, store, group, checks, run_id, paths, settings, run)
 
 
 def run_grades(

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hangar_dagster.results import compaction
-from hangar_dagster.results.records import GradeRecord, GradeTestRecord, Record
+from hangar_dagster.results.records import Record
 from hangar_dagster.results.schema import BY_NAME
 from hangar_dagster.results.store import DuplicateRecordError, Store
 from hangar_dagster.settings import HangarPaths
@@ -28,41 +28,19 @@ pytestmark = pytest.mark.unit
 OTHER = "exp-0002"
 
 
-def _graded(eid: str, variant: str, task: str, attempt: int = 1) -> GradeRecord:
-    grade = f.grade(variant, task, attempt=attempt, experiment_id=eid)
-    return grade.with_tests(
-        [
-            GradeTestRecord(
-                experiment_id=eid,
-                trial_key=grade.trial_key,
-                variant=variant,
-                task=task,
-                replicate=1,
-                attempt=attempt,
-                test_id=f"test_mod::test_{n}",
-                outcome="passed",
-                duration_s=0.1,
-                message=None,
-                on_base="fail_to_pass",
-            )
-            for n in range(3)
-        ]
-    )
-
-
 def _records() -> list[Record]:
     out: list[Record] = [f.experiment(), f.experiment(experiment_id=OTHER, author="bo")]
     for eid, keys in ((f.EXP, 6), (OTHER, 3)):
         for k in range(keys):
             variant, task = f"v{k % 2}", f"t{k}"
             out.append(f.trial(variant, task, experiment_id=eid, cost_usd=0.1 * k))
-            out.append(_graded(eid, variant, task))
+            out.append(f.graded(variant, task, experiment_id=eid))
         out += [f.note(f"note {n} of {eid}", experiment_id=eid) for n in (1, 2)]
     # a retried key: attempt 1 an infra error, attempt 2 graded
     out.append(
         f.trial("v0", "t0", attempt=2, experiment_id=f.EXP, retry_of="run-t-v0-t0-1")
     )  # attempt 2 of v0/t0/1
-    out.append(_graded(f.EXP, "v0", "t0", attempt=2))
+    out.append(f.graded("v0", "t0", attempt=2))
     return out
 
 
@@ -150,7 +128,7 @@ def test_a_compaction_merges_small_files_and_keeps_every_row_once(
     with pytest.raises(DuplicateRecordError, match="trials already holds .*part@"):
         store.put(f.trial("v1", "t1", cost_usd=9.0))
     with pytest.raises(DuplicateRecordError, match="grade_tests already holds"):
-        store.put(_graded(f.EXP, "v1", "t1"))
+        store.put(f.graded("v1", "t1"))
     assert not any(".tmp-" in p.name for p in store.paths.parquet.rglob("*"))
     assert _everything(store) == before
     # ... also once the registry of compacted keys is gone (rebuilt from the parts)
@@ -255,7 +233,7 @@ def test_a_compaction_killed_at_any_step_loses_nothing_and_duplicates_nothing(
 def test_files_still_settling_and_orphan_tests_stay_small(small_home: Path, tmp_path: Path) -> None:
     store = _copy(small_home, tmp_path)
     # per-test rows whose grade never came (a crash between the two writes)
-    orphan = _graded(f.EXP, "v1", "t9")
+    orphan = f.graded("v1", "t9")
     store._put_rows(BY_NAME["grade_tests"], orphan.tests)  # type: ignore[attr-defined]
     # a trial whose journal marker is still there (its DuckDB row not confirmed yet)
     marker = store.paths.pending / "0123.trials"

@@ -181,6 +181,29 @@ def test_duplicate_attempt_is_refused_and_the_first_kept(
     assert leftovers == []
 
 
+def test_a_batch_stores_each_record_whole_through_one_duckdb_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial("base", "t2"))  # the batch's third record repeats this key
+    opened: list[str] = []
+    connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **kw: opened.append("x") or connect(*a, **kw))
+    with_tests = f.graded("skill", "t1", tests=2)
+    batch = [with_tests, f.trial("skill"), f.trial("base", "t2", cost_usd=9.0), f.trial("late")]
+    with pytest.raises(DuplicateRecordError, match="trials already holds"):
+        store.put_many(list(batch))
+    assert opened == ["x"], "the stored records' rows went in through one connection"
+    monkeypatch.setattr(duckdb, "connect", connect)
+    # what preceded the refused record is stored whole (its per-test rows too); nothing after
+    assert sorted(t.trial_key for t in store.trials(f.EXP)) == ["base/t2/1", "skill/t1/1"]
+    assert [t.cost_usd for t in store.trials(f.EXP) if t.task == "t2"] != [9.0]
+    assert [g.trial_key for g in store.grades(f.EXP)] == ["skill/t1/1"]
+    assert len(store.grade_tests(f.EXP)) == 2
+    assert list(store.paths.pending.iterdir()) == [], "no journal marker left behind"
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(2,)]
+
+
 def test_trial_key_must_match_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = f.make_store(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="trial_key is 'base/t9/1' but .* 'base/t1/1'"):

@@ -219,6 +219,11 @@ def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
         got_lake, got_embedded = lake._query(sql, []), embedded._query(sql, [])
         assert got_lake == got_embedded, sql
         assert got_embedded, f"the populated store answers {sql}"
+    # the progress line's one aggregate query (run --wait reads it every second)
+    ids = embedded._query("SELECT DISTINCT experiment_id FROM trials ORDER BY 1", [])
+    counts = {r["experiment_id"]: embedded.progress_counts(r["experiment_id"]) for r in ids}
+    assert counts and any(c["done"] for c in counts.values()), counts
+    assert {e: lake.progress_counts(e) for e in counts} == counts
 
 
 def test_the_store_settings_reach_a_run_and_come_back(tmp_path: Path) -> None:
