@@ -204,6 +204,27 @@ def test_a_batch_stores_each_record_whole_through_one_duckdb_connection(
     assert _duck_rows(store, "SELECT count(*) FROM trials") == [(2,)]
 
 
+def test_a_refused_record_in_a_batch_is_the_error_raised_even_when_the_insert_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial("base", "t2"))
+
+    def broken(*_a: object) -> None:
+        raise RuntimeError("the insert failed")
+
+    insert = EmbeddedStore._insert
+    monkeypatch.setattr(EmbeddedStore, "_insert", staticmethod(broken))
+    with pytest.raises(DuplicateRecordError):  # the refusal, which a caller acts on
+        store.put_many([f.trial("skill"), f.trial("base", "t2", cost_usd=9.0)])
+    monkeypatch.setattr(EmbeddedStore, "_insert", staticmethod(insert))
+    # the record before it has its file and journal marker: the next read brings it in
+    assert sorted(t.trial_key for t in Store(store.paths).trials(f.EXP)) == [
+        "base/t2/1",
+        "skill/t1/1",
+    ]
+
+
 def test_trial_key_must_match_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = f.make_store(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="trial_key is 'base/t9/1' but .* 'base/t1/1'"):
