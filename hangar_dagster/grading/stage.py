@@ -199,9 +199,13 @@ def run_grades(
     settings: Settings | None = None,
 ) -> dict[TrialKey, GradePartition]:
     """Grade the latest attempt of each key in ``keys`` that has no grade yet."""
-    latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+    keys = list(keys)
+    # Only the run's own keys are read: a relaunch of a few keys costs those keys.
+    names = [k.key for k in keys]
+    latest = {t.trial_key: t for t in store.trials(exp.experiment_id, keys=names)}
     graded = {
-        (g.trial_key, g.attempt): g for g in store.grades(exp.experiment_id, all_attempts=True)
+        (g.trial_key, g.attempt): g
+        for g in store.grades(exp.experiment_id, all_attempts=True, keys=names)
     }
     finished = {
         k: graded[(t.trial_key, t.attempt)]

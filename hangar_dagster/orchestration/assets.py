@@ -216,7 +216,8 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             hangar.settings(),
         )
         store = hangar.store()
-        latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+        names = [k.key for k in graded]  # the run's own keys, not the experiment's
+        latest = {t.trial_key: t for t in store.trials(exp.experiment_id, keys=names)}
         url = hangar.settings().webserver_url
 
         def links(k: TrialKey, g: GradeRecord) -> md.TrialLinks | None:

@@ -179,18 +179,22 @@ def close_interrupted(
     the records stored (a record another run stored first is skipped).
     """
     paths = settings.paths
-    attempts = store.trials(exp.experiment_id, all_attempts=True)
-    stored = {(t.trial_key, t.attempt) for t in attempts}
-    known: dict[str, list[float]] = {}
-    for t in attempts:
-        if t.cost_usd is not None:
-            known.setdefault(t.variant, []).append(t.cost_usd)
+    markers = [m for m in started_markers(paths, exp.experiment_id) if m.run_id != current_run]
+    if not markers:  # nothing to close: no read of the experiment's attempts
+        return []
+    # The markers' keys only; the variants' costs (for an estimate) only once one is closed.
+    mine = store.trials(exp.experiment_id, all_attempts=True, keys={m.trial_key for m in markers})
+    stored = {(t.trial_key, t.attempt) for t in mine}
+    known: dict[str, list[float]] | None = None
     closed = []
-    for marker in started_markers(paths, exp.experiment_id):
-        if (marker.trial_key, marker.attempt) in stored or marker.run_id == current_run:
+    for marker in markers:
+        if (marker.trial_key, marker.attempt) in stored or in_flight(marker):
             continue
-        if in_flight(marker):
-            continue
+        if known is None:
+            known = {}
+            for t in store.trials(exp.experiment_id, all_attempts=True):
+                if t.cost_usd is not None:
+                    known.setdefault(t.variant, []).append(t.cost_usd)
         art = paths.trial_artifacts(exp.experiment_id, marker.trial_key, marker.attempt)
         variant = TrialKey.parse(marker.trial_key).variant
         estimate = estimate_cost(exp, known.get(variant, []), variant)

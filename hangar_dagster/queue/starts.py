@@ -123,9 +123,14 @@ def planned_trials(exp: ResolvedExperiment) -> int:
     return sum(len(v.tasks) for v in exp.variants.values()) * exp.spec.trials
 
 
-def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pending:
+def pending(
+    exp: ResolvedExperiment, store: Store, settings: Settings, grades: bool = True
+) -> Pending:
+    """The experiment's pending work; ``grades=False`` leaves ``Pending.grades`` empty (a trials
+    step's plan and the queue notes need only the starts: reading every graded attempt of the
+    experiment would make a relaunch cost the experiment's size)."""
     if exp.regrade_of is not None:  # it grades stored patches: it never starts a trial
-        return Pending(grades=ungraded(exp, store))
+        return Pending(grades=ungraded(exp, store) if grades else [])
     attempts = store.attempts(exp.experiment_id)
     tried = {t.trial_key for t in attempts}
     plan = plan_retries(attempts, planned_trials(exp), settings.infra_retries)
@@ -146,7 +151,7 @@ def pending(exp: ResolvedExperiment, store: Store, settings: Settings) -> Pendin
         new=[k for k in new if k.task not in invalid],
         retries={k: r for k, r in retries.items() if TrialKey.parse(k).task not in invalid},
         notes=notes,
-        grades=ungraded(exp, store),
+        grades=ungraded(exp, store) if grades else [],
     )
 
 
@@ -159,7 +164,7 @@ def record_queue_notes(
     trials runs plan: a note says what happened, not that it is still true.
     """
     attempts = store.attempts(exp.experiment_id)
-    said = [*pending(exp, store, settings).notes]
+    said = [*pending(exp, store, settings, grades=False).notes]
     if outage := breaker_note(attempts, settings.breaker_streak):
         said.append(outage)
     known = {n.message for n in store.notes(exp.experiment_id) if n.kind == "queue"}

@@ -299,7 +299,13 @@ class Store:
         )
         return {r["experiment_id"]: (int(r["tried"]), r["last"].astimezone(dt.UTC)) for r in rows}
 
-    def _attempts(self, model: type[R], experiment_id: str, all_attempts: bool) -> list[R]:
+    def _attempts(
+        self,
+        model: type[R],
+        experiment_id: str,
+        all_attempts: bool,
+        keys: Collection[str] | None = None,
+    ) -> list[R]:
         name = BY_MODEL[model].name
         # the latest attempts are the ones experiment_index picked: the rule lives there only
         join = (
@@ -310,20 +316,30 @@ class Store:
                 "AND i.trial_key = x.trial_key AND i.attempt = x.attempt "
             )
         )
+        where, params = "x.experiment_id = ?", [experiment_id]
+        if keys is not None:  # a run's own keys: its reads follow its range, not the experiment
+            where += " AND list_contains(?, x.trial_key)"
+            params.append(list(keys))  # type: ignore[arg-type]
         return self._records(
             model,
-            f"SELECT x.* FROM {name} x {join}WHERE x.experiment_id = ? "
+            f"SELECT x.* FROM {name} x {join}WHERE {where} "
             "ORDER BY x.variant, x.task, x.replicate, x.attempt",
-            [experiment_id],
+            params,
         )
 
-    def trials(self, experiment_id: str, all_attempts: bool = False) -> list[TrialRecord]:
-        """Trial records; by default only the highest attempt of each trial key."""
-        return self._attempts(TrialRecord, experiment_id, all_attempts)
+    def trials(
+        self, experiment_id: str, all_attempts: bool = False, keys: Collection[str] | None = None
+    ) -> list[TrialRecord]:
+        """Trial records; by default only the highest attempt of each trial key; ``keys``: only
+        those trial keys'."""
+        return self._attempts(TrialRecord, experiment_id, all_attempts, keys)
 
-    def grades(self, experiment_id: str, all_attempts: bool = False) -> list[GradeRecord]:
-        """Grades; by default only those of the attempt that counts for each trial key."""
-        return self._attempts(GradeRecord, experiment_id, all_attempts)
+    def grades(
+        self, experiment_id: str, all_attempts: bool = False, keys: Collection[str] | None = None
+    ) -> list[GradeRecord]:
+        """Grades; by default only those of the attempt that counts for each trial key; ``keys``:
+        only those trial keys'."""
+        return self._attempts(GradeRecord, experiment_id, all_attempts, keys)
 
     def base_checks(self, experiment_id: str) -> dict[str, BaseCheckRecord]:
         got = self._records(

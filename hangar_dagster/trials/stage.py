@@ -85,6 +85,10 @@ def _remove_leftover_containers(exp: ResolvedExperiment, log: Log, settings: Set
             log.info(f"removed {removed} {backend} sandbox(es) a crashed run left behind")
 
 
+def _names(keys: list[TrialKey]) -> list[str]:
+    return [k.key for k in keys]
+
+
 def run_trials(
     exp: ResolvedExperiment,
     store: Store,
@@ -101,13 +105,15 @@ def run_trials(
     it (else the attempt is closed as ``control_plane_restart``).
     """
     paths, window = settings.paths, settings.window
+    keys = list(keys)
     for cut in close_interrupted(exp, store, settings, run_id, in_flight):
         log.warning(f"trial {cut.trial_key} attempt {cut.attempt}: {cut.error}")
     _remove_leftover_containers(exp, log, settings)
-    work = pending(exp, store, settings)
+    work = pending(exp, store, settings, grades=False)  # the starts: grades are the grades step's
     for note in record_queue_notes(exp, store, settings):
         log.warning(note.message)
-    latest = {t.trial_key: t for t in store.trials(exp.experiment_id)}
+    # Only the run's own keys are read: a relaunch of a few keys costs those keys.
+    latest = {t.trial_key: t for t in store.trials(exp.experiment_id, keys=_names(keys))}
     # A finished attempt is kept (a resumed run loses and repeats nothing), and so is an infra
     # error the retry rules refuse (the notes say why).
     plan = plan_partitions(exp, keys, {k.key for k in work.keys}, latest, NOT_PENDING)

@@ -34,6 +34,9 @@ def test_the_setting_picks_the_lake_and_round_trips_every_record(lake_env: dict[
     assert store.base_checks(f.EXP) == {"t1": check}
     assert store.trials(f.EXP) == [trial]
     assert store.grades(f.EXP) == [grade]
+    # A run's own keys only (a relaunch reads what it runs).
+    assert store.trials(f.EXP, keys=[trial.trial_key]) == [trial]
+    assert store.grades(f.EXP, all_attempts=True, keys=["base/t9/1"]) == []
     assert store.notes(f.EXP) == [note]
     assert store.next_attempt(f.EXP, "base/t1/1") == 2
     [row] = store.index(f.EXP)
