@@ -134,6 +134,7 @@ def status_cmd(
         out = {
             "name": name,
             "cursor": state.cursor,
+            "resets": [r.model_dump(mode="json") for r in state.resets],
             "merges": [r.as_dict() for r in rows],
             "pass_rate": None
             if rate is None
@@ -151,6 +152,12 @@ def status_cmd(
         f"[bold]shadow {name}[/]: {escape(policy.repo)} {policy.mainline}, candidate "
         f"{policy.harness_lock}, cursor {state.cursor[:12]}"
     )
+    for reset in state.resets:
+        console.print(
+            f"cursor reset at {reset.at:%Y-%m-%d %H:%M} UTC: {reset.lost[:12]} was gone from "
+            f"the repository (force-pushed?); moved to {reset.to[:12]}, the merges between "
+            "not looked at"
+        )
     table = Table(title="merges (mainline order)")
     for col in ("merge", "night", "state", "reason", "subject", "trial"):
         table.add_column(col)

@@ -20,6 +20,7 @@ import datetime as dt
 import fcntl
 import getpass
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -49,10 +50,12 @@ from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.util.fs import read_text_bounded, write_atomic
 
 SCHEDULE = "schedule.json"
+LAST_ERROR = "last_error.txt"  # the last failure of a schedule's tick (gone once one succeeds)
 NIGHTS = "nights"
 # A night is still submitted this long after its time (the daemon was down at it); later, it
 # is left out and the next night goes on. Six hours reach past the default window's close.
 CATCH_UP = dt.timedelta(hours=6)
+log = logging.getLogger(__name__)
 
 
 class NightlyError(ValueError):
@@ -383,30 +386,49 @@ class TickResult:
 
 def tick(settings: Settings, now: dt.datetime) -> TickResult:
     """What the ``nightly_experiments`` schedule does at ``now``: submit each registered,
-    unpaused schedule's due night that has no record yet."""
+    unpaused schedule's due night that has no record yet. Each schedule on its own: one that
+    fails (a broken ``schedule.json``, a bug) says so, its error kept in ``last_error.txt``
+    beside it until a tick of it succeeds, and the others go on."""
     paths = settings.paths
-    submitted: list[Night] = []
-    said: list[str] = []
-    for schedule in schedules(paths):
-        nightly = schedule.nightly
-        night = due_night(nightly, now)
-        if schedule.paused:
-            said.append(f"{schedule.name}: paused (`hangar experiment schedule --resume`)")
-            continue
-        if night is None:
-            at = next_due(nightly, now).astimezone(nightly.zone)
-            said.append(f"{schedule.name}: next night is submitted at {at:%Y-%m-%d %H:%M %Z}")
-            continue
-        if (done := read_night(paths, schedule.name, night)) is not None:
-            said.append(f"{schedule.name}: night {night} {_outcome(done)}")
-            continue
-        record = submit_night(settings, schedule, night)
-        if record is None:
-            said.append(f"{schedule.name}: night {night} is being submitted by another tick")
-            continue
-        submitted.append(record)
-        said.append(f"{schedule.name}: night {night} {_outcome(record)}")
-    return TickResult(submitted, said)
+    result = TickResult([], [])
+    names = sorted(d.name for d in paths.nightly.iterdir()) if paths.nightly.is_dir() else []
+    for name in names:
+        error = schedule_dir(paths, name) / LAST_ERROR
+        try:
+            _tick_one(settings, name, now, result)
+        except Exception as err:
+            said = f"{name}: failed: {type(err).__name__}: {err}"[:4000]
+            log.exception("nightly schedule %s failed", name)
+            write_atomic(error, f"{now.isoformat()} {said}\n")
+            result.said.append(said)
+        else:
+            error.unlink(missing_ok=True)
+    return result
+
+
+def _tick_one(settings: Settings, name: str, now: dt.datetime, result: TickResult) -> None:
+    paths = settings.paths
+    schedule = read_schedule(paths, name)
+    if schedule is None:  # a folder left by --remove: its nights stay
+        return
+    nightly = schedule.nightly
+    night = due_night(nightly, now)
+    if schedule.paused:
+        result.said.append(f"{schedule.name}: paused (`hangar experiment schedule --resume`)")
+        return
+    if night is None:
+        at = next_due(nightly, now).astimezone(nightly.zone)
+        result.said.append(f"{schedule.name}: next night is submitted at {at:%Y-%m-%d %H:%M %Z}")
+        return
+    if (done := read_night(paths, schedule.name, night)) is not None:
+        result.said.append(f"{schedule.name}: night {night} {_outcome(done)}")
+        return
+    record = submit_night(settings, schedule, night)
+    if record is None:
+        result.said.append(f"{schedule.name}: night {night} is being submitted by another tick")
+        return
+    result.submitted.append(record)
+    result.said.append(f"{schedule.name}: night {night} {_outcome(record)}")
 
 
 def _outcome(night: Night) -> str:

@@ -19,6 +19,8 @@ from hangar_dagster.experiment.spec import MAX_HIDDEN_BYTES, MAX_HIDDEN_FILES, M
 from hangar_dagster.shadow.policy import MergeDecision, ShadowPolicy, matches
 from hangar_dagster.util.gitrepo import git
 
+GIT_TIMEOUT_S = 120  # one git command over a local repository (a hung one ends the tick)
+
 # Why a merge was dropped (docs/architecture.md, "Shadows"). The base check adds two more
 # once the experiment ran: base_passes, reference_fails.
 ROOT_COMMIT = "root_commit"
@@ -29,6 +31,9 @@ OVER_CAP = "over_cap"
 NO_CODE_CHANGES = "no_code_changes"
 UNREADABLE_TESTS = "unreadable_tests"
 TOO_LARGE = "too_large"
+UNREADABLE_MERGE = "unreadable_merge"  # git failed on it: dropped alone, the others go on
+# Paths per `git diff` call: a merge touching many files must not overflow the argument list.
+PATHS_PER_DIFF = 500
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,14 @@ def task_id(sha: str) -> str:
     return f"m-{sha[:12]}"
 
 
-def new_merges(repo: Path, tip: str, cursor: str | None) -> list[Merge]:
+def merge_shas(repo: Path, tip: str, cursor: str | None) -> list[str]:
     """The first-parent commits after ``cursor`` up to ``tip``, oldest first."""
     span = f"{cursor}..{tip}" if cursor else tip
-    shas = git("rev-list", "--first-parent", "--reverse", span, cwd=repo).split()
-    return [read_merge(repo, sha) for sha in shas]
+    return git("rev-list", "--first-parent", "--reverse", span, cwd=repo).split()
+
+
+def new_merges(repo: Path, tip: str, cursor: str | None) -> list[Merge]:
+    return [read_merge(repo, sha) for sha in merge_shas(repo, tip, cursor)]
 
 
 def read_merge(repo: Path, sha: str) -> Merge:
@@ -128,7 +136,11 @@ def build_task(repo: Path, merge: Merge, policy: ShadowPolicy) -> ShadowTask | t
         return TOO_LARGE, f"{len(kept)} test files, over {MAX_HIDDEN_FILES}"
     hidden: dict[str, str] = {}
     for path in kept:
-        raw = git_bytes(repo, f"{merge.sha}:{path}")
+        try:
+            raw = git_bytes(repo, f"{merge.sha}:{path}")
+        except subprocess.CalledProcessError as err:
+            why = err.stderr.decode(errors="replace").strip()
+            return UNREADABLE_TESTS, f"{path} is not a file git can read (a submodule?): {why}"
         try:
             hidden[path] = raw.decode()
         except UnicodeDecodeError:
@@ -137,17 +149,21 @@ def build_task(repo: Path, merge: Merge, policy: ShadowPolicy) -> ShadowTask | t
         return TOO_LARGE, f"its test files hold over {MAX_HIDDEN_BYTES} bytes"
     if not other:
         return NO_CODE_CHANGES, "it changes tests only: no reference to check them against"
-    patch = git(
-        "diff",
-        "--binary",
-        "--no-color",
-        "--no-ext-diff",
-        "--no-renames",
-        merge.parent,
-        merge.sha,
-        "--",
-        *[c.path for c in other],
-        cwd=repo,
+    paths = [c.path for c in other]
+    patch = "".join(
+        git(
+            "diff",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-renames",
+            merge.parent,
+            merge.sha,
+            "--",
+            *paths[i : i + PATHS_PER_DIFF],  # sorted as git lists them: the patch reads in order
+            cwd=repo,
+        )
+        for i in range(0, len(paths), PATHS_PER_DIFF)
     )
     if len(patch.encode()) > MAX_PATCH_BYTES:
         return TOO_LARGE, f"its reference patch is over {MAX_PATCH_BYTES} bytes"
@@ -168,6 +184,7 @@ def git_bytes(repo: Path, spec: str) -> bytes:
         cwd=repo,
         capture_output=True,
         check=True,
+        timeout=GIT_TIMEOUT_S,
     ).stdout
 
 
@@ -190,7 +207,10 @@ def decide(
             said = OVER_CAP, f"{policy.max_per_night} merges were already kept for night {night}"
         built = None
         if said is None:
-            result = build_task(repo, merge, policy)
+            try:
+                result = build_task(repo, merge, policy)
+            except Exception as err:  # one merge git cannot read stops no other (why: recorded)
+                result = UNREADABLE_MERGE, f"{type(err).__name__}: {err}"[:2000]
             if isinstance(result, ShadowTask):
                 built = result
             else:

@@ -193,10 +193,21 @@ class MergeDecision(BaseModel):
     test_files: list[str] = Field(default_factory=list)
 
 
+class CursorReset(BaseModel):
+    """The cursor was gone from the repository (a force-push and a prune): it moved to the
+    tip, and the merges between were not looked at."""
+
+    at: dt.datetime
+    lost: str  # the cursor that was gone
+    to: str  # the tip it was set to
+    detail: str
+
+
 class ShadowState(BaseModel):
     cursor: str  # the last mainline commit the sensor looked at
     registered_at: dt.datetime
     merges: list[MergeDecision] = Field(default_factory=list)
+    resets: list[CursorReset] = Field(default_factory=list)
 
 
 def policy_dir(paths: HangarPaths, name: str) -> Path:

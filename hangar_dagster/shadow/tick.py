@@ -11,20 +11,30 @@ budgets, and its grades are made against what was merged.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from hangar_dagster.experiment.catalog import DAEMON_MARKER, active_experiments
+from hangar_dagster.experiment.catalog import DAEMON_MARKER, stored_ids
 from hangar_dagster.experiment.plan import ShadowOrigin
 from hangar_dagster.experiment.spec import SpecError
-from hangar_dagster.experiment.submit import submit
+from hangar_dagster.experiment.submit import load_resolved, new_experiment_id, submit
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.settings import Settings
-from hangar_dagster.shadow.merges import ShadowTask, build_task, decide, new_merges, read_merge
+from hangar_dagster.shadow.merges import (
+    UNREADABLE_MERGE,
+    Merge,
+    ShadowTask,
+    build_task,
+    decide,
+    merge_shas,
+    read_merge,
+)
 from hangar_dagster.shadow.policy import (
+    CursorReset,
     MergeDecision,
     ShadowPolicy,
     ShadowState,
@@ -38,6 +48,8 @@ from hangar_dagster.util.fs import write_atomic
 from hangar_dagster.util.gitrepo import GitError, git, resolve_base
 
 SUBMIT_REFUSED = "submit_refused"
+LAST_ERROR = "last_error.txt"  # the last failure of a policy's tick (gone once one succeeds)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -103,14 +115,19 @@ def shadow_spec(policy: ShadowPolicy, tasks: list[ShadowTask]) -> dict[str, obje
     }
 
 
-def _submitted_before(settings: Settings, name: str, shas: set[str]) -> str | None:
-    """The experiment a tick of ``name`` submitted for these merges already (a tick cut off
-    before it stored that): going on with it, not submitting the merges twice."""
-    for exp in active_experiments(settings.paths):
+def _submitted_before(settings: Settings, name: str, shas: set[str]) -> dict[str, str]:
+    """Merge SHA -> the experiment an earlier tick of ``name`` submitted it in (a tick cut off
+    before it stored that), for each of ``shas`` that is a task of one: going on with those,
+    not submitting them twice. A merge that is no task of it (it landed after) is not here."""
+    prefix = new_experiment_id(f"shadow-{name}")[: -len("0123abcd")]
+    found: dict[str, str] = {}
+    for eid in stored_ids(settings.paths):
+        if not eid.startswith(prefix):
+            continue
+        exp = load_resolved(settings.paths, eid)
         if exp.shadow is not None and exp.shadow.policy == name:
-            if shas & set(exp.shadow.merges.values()):
-                return exp.experiment_id
-    return None
+            found |= {sha: eid for sha in exp.shadow.merges.values() if sha in shas}
+    return found
 
 
 def _look(
@@ -121,23 +138,54 @@ def _look(
     tip: str,
     now: dt.datetime,
 ) -> ShadowState:
-    """Decide the merges since the cursor and move it (stored by the caller)."""
+    """Decide the merges since the cursor and move it (stored by the caller). A merge git
+    cannot read is dropped alone (``unreadable_merge``); a cursor gone from the repository
+    moves to the tip, recorded in ``resets``."""
+    try:
+        git("cat-file", "-e", f"{state.cursor}^{{commit}}", cwd=repo)
+    except GitError as err:
+        reset = CursorReset(at=now, lost=state.cursor, to=tip, detail=str(err)[:2000])
+        return state.model_copy(update={"cursor": tip, "resets": [*state.resets, reset]})
     night = night_of(settings.window, now)
     kept_tonight = sum(1 for d in state.merges if d.kept and d.night == night)
-    merges = new_merges(repo, tip, state.cursor)
-    decisions, _ = decide(repo, merges, policy, kept_tonight, night, now)
-    return state.model_copy(update={"cursor": tip, "merges": [*state.merges, *decisions]})
+    # A mainline moved back and forward again lists merges already decided: once is enough.
+    decided = {d.sha for d in state.merges}
+    shas = [sha for sha in merge_shas(repo, tip, state.cursor) if sha not in decided]
+    readable: list[Merge] = []
+    unreadable: dict[str, MergeDecision] = {}
+    for sha in shas:
+        try:
+            readable.append(read_merge(repo, sha))
+        except Exception as err:  # recorded on the merge: the policy goes on
+            unreadable[sha] = MergeDecision(
+                sha=sha,
+                subject="",
+                seen_at=now,
+                night=night,
+                kept=False,
+                reason=UNREADABLE_MERGE,
+                detail=f"{type(err).__name__}: {err}"[:2000],
+            )
+    decisions, _ = decide(repo, readable, policy, kept_tonight, night, now)
+    by_sha = {d.sha: d for d in decisions} | unreadable
+    merges = [*state.merges, *(by_sha[sha] for sha in shas)]
+    return state.model_copy(update={"cursor": tip, "merges": merges})
 
 
 def _submit(
     settings: Settings, policy: ShadowPolicy, repo: Path, waiting: list[MergeDecision], tip: str
-) -> tuple[str | None, str | None]:
-    """Submit the kept merges ``waiting`` as one experiment: (its id, None) or (None, why a
-    budget or the world refused it)."""
-    if (earlier := _submitted_before(settings, policy.name, {d.sha for d in waiting})) is not None:
-        return earlier, None
+) -> tuple[dict[str, str], str | None]:
+    """Submit the kept merges ``waiting`` as one experiment: (merge SHA -> its experiment,
+    why a budget or the world refused the rest, if it did). Merges an earlier cut-off tick
+    submitted keep that experiment; only the others are submitted now."""
+    submitted = _submitted_before(settings, policy.name, {d.sha for d in waiting})
+    for eid in set(submitted.values()):  # a cut-off tick may not have handed it over
+        (settings.paths.experiment_dir(eid) / DAEMON_MARKER).touch()
+    rest = [d for d in waiting if d.sha not in submitted]
+    if not rest:
+        return submitted, None
     tasks: list[ShadowTask] = []
-    for d in waiting:  # built again from the repository: a merge's content does not change
+    for d in rest:  # built again from the repository: a merge's content does not change
         task = build_task(repo, read_merge(repo, d.sha), policy)
         assert isinstance(task, ShadowTask), task
         tasks.append(task)
@@ -153,9 +201,9 @@ def _submit(
     try:
         exp = submit(spec_path, settings, shadow=origin)
     except SpecError as err:
-        return None, "; ".join(str(p) for p in err.problems)
+        return submitted, "; ".join(str(p) for p in err.problems)
     (settings.paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
-    return exp.experiment_id, None
+    return submitted | {t.merge: exp.experiment_id for t in tasks}, None
 
 
 def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
@@ -170,13 +218,18 @@ def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
     except (GitError, subprocess.CalledProcessError) as err:
         return TickResult(name, f"{name}: cannot read {policy.repo} {policy.mainline}: {err}")
     said = [f"{name}: no new merge on {policy.mainline} since {tip[:12]}"]
-    seen = len(state.merges)
+    seen, resets = len(state.merges), len(state.resets)
     if tip != state.cursor:
         state = _look(settings, policy, state, repo, tip, now)
         write_state(paths, name, state)  # decided: a later cut-off does not decide them again
         new = state.merges[seen:]
         said = [
             f"{name}: {len(new)} new merge(s) on {policy.mainline}, {sum(d.kept for d in new)} kept"
+        ]
+        said += [
+            f"cursor {r.lost[:12]} is gone from the repository (force-pushed?): reset to "
+            f"{r.to[:12]}, the merges between not looked at"
+            for r in state.resets[resets:]
         ]
     waiting = [d for d in state.merges if d.kept and d.experiment_id is None]
     experiment_id = None
@@ -186,28 +239,46 @@ def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
             f"{len(waiting)} kept merge(s) wait for the eval window ({opens:%Y-%m-%d %H:%M} UTC)"
         )
     elif waiting:
-        experiment_id, refused = _submit(settings, policy, repo, waiting, tip)
+        submitted, refused = _submit(settings, policy, repo, waiting, tip)
+        dropped = {"kept": False, "reason": SUBMIT_REFUSED, "detail": refused, "task": None}
         ids = {d.sha for d in waiting}
-        update: dict[str, object] = (
-            {"experiment_id": experiment_id}
-            if experiment_id
-            else {"kept": False, "reason": SUBMIT_REFUSED, "detail": refused, "task": None}
-        )
         state = state.model_copy(
             update={
-                "merges": [d.model_copy(update=update) if d.sha in ids else d for d in state.merges]
+                "merges": [
+                    d
+                    if d.sha not in ids
+                    else d.model_copy(update={"experiment_id": submitted[d.sha]})
+                    if d.sha in submitted
+                    else d.model_copy(update=dropped)
+                    for d in state.merges
+                ]
             }
         )
         write_state(paths, name, state)
-        said.append(
-            f"submitted {len(waiting)} as experiment {experiment_id}"
-            if experiment_id
-            else f"{len(waiting)} dropped: submit refused: {refused}"
-        )
+        experiments = list(dict.fromkeys(submitted[d.sha] for d in waiting if d.sha in submitted))
+        experiment_id = experiments[-1] if experiments else None  # the new one, if any
+        if submitted:
+            as_ = "experiment" if len(experiments) == 1 else "experiments"
+            said.append(f"submitted {len(submitted)} as {as_} {', '.join(experiments)}")
+        if refused:
+            said.append(f"{len(waiting) - len(submitted)} dropped: submit refused: {refused}")
     return TickResult(name, "; ".join(said), experiment_id, tuple(state.merges[seen:]))
 
 
 def tick(settings: Settings, now: dt.datetime) -> list[TickResult]:
     """One look at every registered policy; a policy whose repository cannot be read says so
-    and is tried again next tick (its cursor stays)."""
-    return [tick_policy(settings, name, now) for name in registered(settings.paths)]
+    and is tried again next tick (its cursor stays). One that fails otherwise says so too,
+    its error kept in ``last_error.txt`` beside its state, and the others go on."""
+    results = []
+    for name in registered(settings.paths):
+        error = policy_dir(settings.paths, name) / LAST_ERROR
+        try:
+            results.append(tick_policy(settings, name, now))
+        except Exception as err:
+            said = f"{name}: failed: {type(err).__name__}: {err}"[:4000]
+            log.exception("shadow policy %s failed", name)
+            write_atomic(error, f"{now.isoformat()} {said}\n")
+            results.append(TickResult(name, said))
+        else:
+            error.unlink(missing_ok=True)
+    return results

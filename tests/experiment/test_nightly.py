@@ -238,3 +238,18 @@ def test_a_refused_night_is_recorded_and_not_tried_again_that_night(
     [refused] = nightly.tick(settings, first).submitted
     assert refused.experiment_id is None and "tasks[0]" in (refused.refused or "")
     assert nightly.tick(settings, first + dt.timedelta(minutes=5)).submitted == []
+
+
+def test_a_broken_schedule_does_not_stop_the_others(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    broken = settings.paths.nightly / "aaa-broken"
+    broken.mkdir()
+    (broken / nightly.SCHEDULE).write_text('{"name": "aaa-broken"')  # cut off mid-write by hand
+    result = nightly.tick(settings, local(2027, 1, 15, 19, 30))
+    [one] = result.submitted
+    assert one.schedule == "nightly-ab" and one.experiment_id is not None
+    assert any(s.startswith("aaa-broken: failed:") for s in result.said)
+    assert "aaa-broken: failed:" in (broken / nightly.LAST_ERROR).read_text()

@@ -23,7 +23,7 @@ from hangar_dagster.shadow.policy import (
     register,
 )
 from hangar_dagster.shadow.status import merge_rows, shadow_rate
-from hangar_dagster.shadow.tick import SUBMIT_REFUSED, night_of, tick_policy
+from hangar_dagster.shadow.tick import LAST_ERROR, SUBMIT_REFUSED, night_of, tick, tick_policy
 from tests import factories as f
 from tests.shadowfixtures import Mainline, standin_candidate
 
@@ -153,3 +153,108 @@ def test_status_reads_the_base_check_and_the_graded_trial(tmp_path: Path) -> Non
     assert (rows[a].state, rows[b].state, rows[b].reason) == ("passed", "dropped", "base_passes")
     rate = shadow_rate(list(rows.values()))
     assert rate is not None and rate.n_tasks == 1 and rate.pts == 100.0
+
+
+def test_a_merge_landed_between_a_cut_off_tick_and_its_retry_is_submitted_not_stuck(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    before = (policy_dir(settings.paths, "calc") / STATE).read_text()
+    a = repo.fix_add()
+    first = tick_policy(settings, "calc", NOW)
+    (policy_dir(settings.paths, "calc") / STATE).write_text(before)  # the crash
+    b = repo.fix_sub()  # lands before the retry: not a task of the first experiment
+    again = tick_policy(settings, "calc", NOW)
+    state = {d.sha: d for d in read_state(settings.paths, "calc").merges}
+    assert state[a].experiment_id == first.experiment_id
+    second = state[b].experiment_id
+    assert second is not None and second != first.experiment_id
+    exp = load_resolved(settings.paths, second)
+    assert exp.shadow is not None and exp.shadow.merges == {f"m-{b[:12]}": b}
+    assert (settings.paths.experiment_dir(second) / DAEMON_MARKER).exists()
+    assert again.experiment_id == second
+    # Its row waits for its own experiment's trial, which that experiment plans.
+    rows = {r.sha: r for r in merge_rows(read_state(settings.paths, "calc"), Store(settings.paths))}
+    assert rows[b].experiment_id == second and rows[b].trial_key in {
+        k.key for k in exp.trial_keys()
+    }
+
+
+def test_a_mainline_that_moves_back_and_forward_decides_a_merge_once(tmp_path: Path) -> None:
+    from hangar_dagster.util.gitrepo import git
+
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    start = repo.head()
+    a = repo.fix_add()
+    tick_policy(settings, "calc", NOW)
+    git("reset", "-q", "--hard", start, cwd=repo.path)
+    tick_policy(settings, "calc", NOW)
+    git("reset", "-q", "--hard", a, cwd=repo.path)
+    tick_policy(settings, "calc", NOW)
+    state = read_state(settings.paths, "calc")
+    assert [d.sha for d in state.merges] == [a] and state.cursor == a
+    assert len([d for d in settings.paths.experiments.iterdir() if d.is_dir()]) == 1
+
+
+def test_a_merge_whose_test_path_is_a_submodule_is_dropped_alone(tmp_path: Path) -> None:
+    from hangar_dagster.util.gitrepo import git
+
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    # A gitlink under tests/: a test path git cannot read as a file.
+    repo.write({"calc.py": repo.calc("return a - b", "return a + b")})
+    git("add", "calc.py", cwd=repo.path)
+    gitlink = f"160000,{repo.head()},tests/vendored"
+    git("update-index", "--add", "--cacheinfo", gitlink, cwd=repo.path)
+    git("commit", "-q", "-m", "Vendor a test suite", cwd=repo.path)
+    bad = repo.head()
+    git("checkout", "-q", "--", ".", cwd=repo.path)
+    good = repo.fix_sub()
+    result = tick_policy(settings, "calc", NOW)
+    state = {d.sha: d for d in read_state(settings.paths, "calc").merges}
+    assert not state[bad].kept and state[bad].reason == "unreadable_tests"
+    assert "tests/vendored" in (state[bad].detail or "")
+    assert state[good].kept and state[good].experiment_id == result.experiment_id is not None
+    assert read_state(settings.paths, "calc").cursor == good
+
+
+def test_a_cursor_a_force_push_pruned_resets_to_the_tip_and_says_so(tmp_path: Path) -> None:
+    from hangar_dagster.util.gitrepo import git
+
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    start = repo.head()
+    tick_policy(settings, "calc", NOW)
+    repo.fix_add()
+    tick_policy(settings, "calc", NOW)
+    lost = read_state(settings.paths, "calc").cursor
+    # The force-push: main rewritten from the start, the old commits gone from the repository.
+    git("reset", "-q", "--hard", start, cwd=repo.path)
+    git("branch", "-D", "feature-1", cwd=repo.path)
+    git("reflog", "expire", "--expire=now", "--all", cwd=repo.path)
+    git("gc", "-q", "--prune=now", cwd=repo.path)
+    rewritten = repo.squash("Rewrite history", {"README.md": "calc, rewritten\n"})
+    result = tick_policy(settings, "calc", NOW)
+    state = read_state(settings.paths, "calc")
+    assert state.cursor == rewritten and "reset" in result.said
+    [reset] = state.resets
+    assert (reset.lost, reset.to) == (lost, rewritten)
+    after = repo.fix_sub()  # the policy goes on
+    again = tick_policy(settings, "calc", NOW)
+    assert again.experiment_id is not None
+    assert read_state(settings.paths, "calc").merges[-1].sha == after
+
+
+def test_a_bad_policy_does_not_stop_the_others(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    broken = policy_dir(settings.paths, "aaa")
+    broken.mkdir(parents=True)
+    (broken / STATE).write_text("{not json")
+    repo.fix_add()
+    results = {r.policy: r for r in tick(settings, NOW)}
+    assert results["calc"].experiment_id is not None
+    assert "aaa" in results and "failed" in results["aaa"].said
+    assert "aaa: failed" in (broken / LAST_ERROR).read_text()
