@@ -1,6 +1,7 @@
 """Which trial keys a trials or grades run works on, which it keeps, and which it skips.
 
-A run covers every partition of its stage (one run per stage), so each key is
+A run covers a range of its stage's partitions (a slice of the experiment's keys, or the few
+a relaunch is for: docs/architecture.md, "Runs over pending work"), and each key in it is
 sorted into exactly one of three: **run** (this stage's work for the key is
 due), **kept** (a finished result exists and is reported as it is: a resumed
 run loses and repeats nothing) or **skipped** (with why: the task is not in
