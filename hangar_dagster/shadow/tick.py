@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +83,9 @@ def local_repo(policy: ShadowPolicy, where: Path) -> Path:
 
 
 def shadow_spec(policy: ShadowPolicy, tasks: list[ShadowTask]) -> dict[str, object]:
-    """The experiment spec a tick submits: one task per kept merge, the candidate alone."""
+    """The experiment spec a tick submits: one task per kept merge, the candidate alone. Each
+    task's hidden tests and reference patch are files beside the spec (``write_task_files``):
+    inline, a few large merges would pass the spec file's 1 MiB though each is in its bounds."""
     environment = policy.environment.model_dump(exclude_none=True)
     environment["egress"] = {"mode": "none"}
     return {
@@ -96,8 +101,8 @@ def shadow_spec(policy: ShadowPolicy, tasks: list[ShadowTask]) -> dict[str, obje
                 "repo": policy.repo,
                 "base": t.base,
                 **({"verify": policy.verify} if policy.verify else {}),
-                "hidden_tests": t.hidden_tests,
-                "reference_patch": t.reference_patch,
+                "hidden_tests": f"{t.id}/tests",
+                "reference_patch": f"{t.id}/reference.diff",
             }
             for t in tasks
         ],
@@ -113,6 +118,15 @@ def shadow_spec(policy: ShadowPolicy, tasks: list[ShadowTask]) -> dict[str, obje
         # Each merge is shadowed once; a trial of another experiment is not this measurement.
         "reuse": {"enabled": False},
     }
+
+
+def write_task_files(where: Path, task: ShadowTask) -> None:
+    """``task``'s hidden tests under ``where/<id>/tests/`` and its patch beside them."""
+    for rel, text in task.hidden_tests.items():
+        path = where / task.id / "tests" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text.encode())  # as read: UTF-8, line ends untouched
+    (where / task.id / "reference.diff").write_bytes(task.reference_patch.encode())
 
 
 def _submitted_before(settings: Settings, name: str, shas: set[str]) -> dict[str, str]:
@@ -174,36 +188,65 @@ def _look(
 
 def _submit(
     settings: Settings, policy: ShadowPolicy, repo: Path, waiting: list[MergeDecision], tip: str
-) -> tuple[dict[str, str], str | None]:
+) -> tuple[dict[str, str], dict[str, str]]:
     """Submit the kept merges ``waiting`` as one experiment: (merge SHA -> its experiment,
-    why a budget or the world refused the rest, if it did). Merges an earlier cut-off tick
-    submitted keep that experiment; only the others are submitted now."""
+    merge SHA -> why it was refused). Merges an earlier cut-off tick submitted keep that
+    experiment; only the others are submitted now. A task the submit refuses is left out and
+    the others submitted again without it; a refusal of the whole (a budget) refuses all."""
     submitted = _submitted_before(settings, policy.name, {d.sha for d in waiting})
     for eid in set(submitted.values()):  # a cut-off tick may not have handed it over
         (settings.paths.experiment_dir(eid) / DAEMON_MARKER).touch()
-    rest = [d for d in waiting if d.sha not in submitted]
-    if not rest:
-        return submitted, None
+    refused: dict[str, str] = {}
     tasks: list[ShadowTask] = []
-    for d in rest:  # built again from the repository: a merge's content does not change
-        task = build_task(repo, read_merge(repo, d.sha), policy)
-        assert isinstance(task, ShadowTask), task
-        tasks.append(task)
-    spec_path = policy_dir(settings.paths, policy.name) / "specs" / f"{tip[:12]}.yaml"
-    write_atomic(spec_path, yaml.safe_dump(shadow_spec(policy, tasks), sort_keys=False))
-    origin = ShadowOrigin(
-        policy=policy.name,
-        repo=policy.repo,
-        mainline=policy.mainline,
-        tip=tip,
-        merges={t.id: t.merge for t in tasks},
-    )
-    try:
-        exp = submit(spec_path, settings, shadow=origin)
-    except SpecError as err:
-        return submitted, "; ".join(str(p) for p in err.problems)
-    (settings.paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
-    return submitted | {t.merge: exp.experiment_id for t in tasks}, None
+    for d in waiting:  # built again from the repository: a merge's content does not change
+        if d.sha in submitted:
+            continue
+        try:
+            task = build_task(repo, read_merge(repo, d.sha), policy)
+        except Exception as err:  # this merge alone: the others go on
+            task = UNREADABLE_MERGE, f"{type(err).__name__}: {err}"[:2000]
+        if isinstance(task, ShadowTask):
+            tasks.append(task)
+        else:
+            refused[d.sha] = f"{task[0]}: {task[1]}"
+    specs = policy_dir(settings.paths, policy.name) / "specs"
+    while tasks:
+        specs.mkdir(parents=True, exist_ok=True)
+        where = Path(tempfile.mkdtemp(dir=specs, prefix=f"{tip[:12]}-"))
+        for task in tasks:
+            write_task_files(where, task)
+        spec_path = where / "experiment.yaml"
+        write_atomic(spec_path, yaml.safe_dump(shadow_spec(policy, tasks), sort_keys=False))
+        origin = ShadowOrigin(
+            policy=policy.name,
+            repo=policy.repo,
+            mainline=policy.mainline,
+            tip=tip,
+            merges={t.id: t.merge for t in tasks},
+        )
+        try:
+            exp = submit(spec_path, settings, shadow=origin)
+        except SpecError as err:
+            shutil.rmtree(where, ignore_errors=True)
+            named = _task_problems(err, tasks)
+            if not named:  # the experiment's, not a task's: every merge is refused
+                said = "; ".join(str(p) for p in err.problems)
+                return submitted, refused | {t.merge: said for t in tasks}
+            refused |= named
+            tasks = [t for t in tasks if t.merge not in named]
+            continue
+        (settings.paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+        return submitted | {t.merge: exp.experiment_id for t in tasks}, refused
+    return submitted, refused
+
+
+def _task_problems(err: SpecError, tasks: list[ShadowTask]) -> dict[str, str]:
+    """Merge SHA -> its problems, for the tasks (``tasks[i]...``) a refusal names."""
+    named: dict[str, list[str]] = {}
+    for p in err.problems:
+        if (m := re.match(r"tasks\[(\d+)\]", p.path)) and int(m[1]) < len(tasks):
+            named.setdefault(tasks[int(m[1])].merge, []).append(str(p))
+    return {sha: "; ".join(said) for sha, said in named.items()}
 
 
 def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
@@ -240,16 +283,21 @@ def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
         )
     elif waiting:
         submitted, refused = _submit(settings, policy, repo, waiting, tip)
-        dropped = {"kept": False, "reason": SUBMIT_REFUSED, "detail": refused, "task": None}
-        ids = {d.sha for d in waiting}
         state = state.model_copy(
             update={
                 "merges": [
-                    d
-                    if d.sha not in ids
-                    else d.model_copy(update={"experiment_id": submitted[d.sha]})
+                    d.model_copy(update={"experiment_id": submitted[d.sha]})
                     if d.sha in submitted
-                    else d.model_copy(update=dropped)
+                    else d.model_copy(
+                        update={
+                            "kept": False,
+                            "reason": SUBMIT_REFUSED,
+                            "detail": refused[d.sha],
+                            "task": None,
+                        }
+                    )
+                    if d.sha in refused
+                    else d
                     for d in state.merges
                 ]
             }
@@ -261,7 +309,8 @@ def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
             as_ = "experiment" if len(experiments) == 1 else "experiments"
             said.append(f"submitted {len(submitted)} as {as_} {', '.join(experiments)}")
         if refused:
-            said.append(f"{len(waiting) - len(submitted)} dropped: submit refused: {refused}")
+            why = "; ".join(dict.fromkeys(refused.values()))
+            said.append(f"{len(refused)} dropped: submit refused: {why}")
     return TickResult(name, "; ".join(said), experiment_id, tuple(state.merges[seen:]))
 
 

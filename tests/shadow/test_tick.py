@@ -25,7 +25,7 @@ from hangar_dagster.shadow.policy import (
 from hangar_dagster.shadow.status import merge_rows, shadow_rate
 from hangar_dagster.shadow.tick import LAST_ERROR, SUBMIT_REFUSED, night_of, tick, tick_policy
 from tests import factories as f
-from tests.shadowfixtures import Mainline, standin_candidate
+from tests.shadowfixtures import Mainline, hidden_test, standin_candidate
 
 pytestmark = pytest.mark.unit
 
@@ -258,3 +258,53 @@ def test_a_bad_policy_does_not_stop_the_others(tmp_path: Path) -> None:
     assert results["calc"].experiment_id is not None
     assert "aaa" in results and "failed" in results["aaa"].said
     assert "aaa: failed" in (broken / LAST_ERROR).read_text()
+
+
+def test_a_merge_too_big_to_inline_in_a_spec_is_submitted_beside_the_others(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    small = repo.fix_add()
+    # Under the task bounds (2 MB of tests, 10 MiB of patch), over the 1 MiB of a spec file.
+    cases = "".join(
+        f"\n\ndef test_case_{i}():\n    assert add({i}, 1) == {i + 1}\n" for i in range(20000)
+    )
+    table = "".join(f"ROW_{i} = {i}\n" for i in range(40000))
+    big = repo.merge(
+        "Add a table and its cases",
+        {"table.py": table, "tests/test_cases.py": "from calc import *\n" + cases},
+    )
+    assert len(cases) + len(table) > (1 << 20)
+    result = tick_policy(settings, "calc", NOW)
+    state = {d.sha: d for d in read_state(settings.paths, "calc").merges}
+    assert state[small].experiment_id == state[big].experiment_id == result.experiment_id
+    assert result.experiment_id is not None
+    exp = load_resolved(settings.paths, result.experiment_id)
+    task = exp.tasks[f"m-{big[:12]}"]
+    assert task.hidden_files["tests/test_cases.py"].endswith(cases)
+    assert task.reference_patch is not None and "+ROW_39999 = 39999" in task.reference_patch
+
+
+def test_a_task_the_submit_refuses_is_dropped_alone_and_the_rest_submitted(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    good = repo.fix_add()
+    # Its only test file is in a __pycache__ folder, which a hidden-tests folder leaves out:
+    # the submit finds the task without hidden tests.
+    cached = repo.merge(
+        "Cache a test",
+        {
+            "calc.py": repo.calc("return -a", "return 0 - a"),
+            "tests/__pycache__/test_neg.py": hidden_test("neg", "assert neg(1) == -1"),
+        },
+    )
+    result = tick_policy(settings, "calc", NOW)
+    state = {d.sha: d for d in read_state(settings.paths, "calc").merges}
+    assert state[good].kept and state[good].experiment_id == result.experiment_id is not None
+    assert (state[cached].kept, state[cached].reason) == (False, SUBMIT_REFUSED)
+    assert "hidden_tests" in (state[cached].detail or "")
+    exp = load_resolved(settings.paths, result.experiment_id)
+    assert exp.shadow is not None and exp.shadow.merges == {f"m-{good[:12]}": good}
