@@ -17,14 +17,11 @@ the clock (``due_night``), with the eval window's DST rules (queue/window.py).
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import getpass
 import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +44,7 @@ from hangar_dagster.queue.window import local_instant
 from hangar_dagster.results.records import NoteRecord, utcnow
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
-from hangar_dagster.util.fs import read_text_bounded, write_atomic
+from hangar_dagster.util.fs import read_text_bounded, try_lock, write_atomic
 
 SCHEDULE = "schedule.json"
 LAST_ERROR = "last_error.txt"  # the last failure of a schedule's tick (gone once one succeeds)
@@ -278,20 +275,6 @@ def remove(paths: HangarPaths, name: str) -> Schedule:
 # ---- the night's submission ----
 
 
-@contextmanager
-def _locked(paths: HangarPaths, name: str) -> Iterator[bool]:
-    """An exclusive flock on the schedule's lock file (never deleted), without waiting."""
-    path = schedule_dir(paths, name) / ".lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True  # closing the file drops it, a crash included
-
-
 def _night_path(paths: HangarPaths, name: str, night: dt.date) -> Path:
     return schedule_dir(paths, name) / NIGHTS / f"{night.isoformat()}.json"
 
@@ -335,7 +318,7 @@ def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Nigh
     """Submit ``schedule``'s experiment for ``night`` once, hand it to the daemon and record
     the night; the night's record when it exists already, None while another tick submits."""
     paths = settings.paths
-    with _locked(paths, schedule.name) as mine:
+    with try_lock(schedule_dir(paths, schedule.name) / ".lock") as mine:
         if not mine:
             return None
         if (done := read_night(paths, schedule.name, night)) is not None:

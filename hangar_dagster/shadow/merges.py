@@ -71,7 +71,9 @@ def task_id(sha: str) -> str:
 def merge_shas(repo: Path, tip: str, cursor: str | None) -> list[str]:
     """The first-parent commits after ``cursor`` up to ``tip``, oldest first."""
     span = f"{cursor}..{tip}" if cursor else tip
-    return git("rev-list", "--first-parent", "--reverse", span, cwd=repo).split()
+    return git(
+        "rev-list", "--first-parent", "--reverse", span, cwd=repo, timeout=GIT_TIMEOUT_S
+    ).split()
 
 
 def new_merges(repo: Path, tip: str, cursor: str | None) -> list[Merge]:
@@ -79,12 +81,23 @@ def new_merges(repo: Path, tip: str, cursor: str | None) -> list[Merge]:
 
 
 def read_merge(repo: Path, sha: str) -> Merge:
-    parents = git("rev-list", "--parents", "-n", "1", sha, cwd=repo).split()[1:]
-    message = git("log", "-1", "--format=%B", sha, cwd=repo)
+    parents = git("rev-list", "--parents", "-n", "1", sha, cwd=repo, timeout=GIT_TIMEOUT_S).split()[
+        1:
+    ]
+    message = git("log", "-1", "--format=%B", sha, cwd=repo, timeout=GIT_TIMEOUT_S)
     if not parents:
         return Merge(sha, None, message, ())
     # --no-renames: a renamed file is a delete and an add, so its new content is read whole.
-    out = git("diff", "--name-status", "--no-renames", "-z", parents[0], sha, cwd=repo)
+    out = git(
+        "diff",
+        "--name-status",
+        "--no-renames",
+        "-z",
+        parents[0],
+        sha,
+        cwd=repo,
+        timeout=GIT_TIMEOUT_S,
+    )
     fields = out.split("\0")
     changes = tuple(
         Change(fields[i][0], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i]
@@ -162,6 +175,7 @@ def build_task(repo: Path, merge: Merge, policy: ShadowPolicy) -> ShadowTask | t
             "--",
             *paths[i : i + PATHS_PER_DIFF],  # sorted as git lists them: the patch reads in order
             cwd=repo,
+            timeout=GIT_TIMEOUT_S,
         )
         for i in range(0, len(paths), PATHS_PER_DIFF)
     )

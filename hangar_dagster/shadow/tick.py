@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from hangar_dagster.experiment.submit import load_resolved, new_experiment_id, s
 from hangar_dagster.queue.window import EvalWindow
 from hangar_dagster.settings import Settings
 from hangar_dagster.shadow.merges import (
+    GIT_TIMEOUT_S,
     UNREADABLE_MERGE,
     Merge,
     ShadowTask,
@@ -47,12 +49,13 @@ from hangar_dagster.shadow.policy import (
     registered,
     write_state,
 )
-from hangar_dagster.util.fs import write_atomic
+from hangar_dagster.util.fs import try_lock, write_atomic
 from hangar_dagster.util.gitrepo import GitError, git, resolve_base
 
 SUBMIT_REFUSED = "submit_refused"
 LAST_ERROR = "last_error.txt"  # the last failure of a policy's tick (gone once one succeeds)
 log = logging.getLogger(__name__)
+FETCH_TIMEOUT_S = 600  # a mirror's clone or fetch; past it the tick says so and tries again next
 
 
 @dataclass(frozen=True)
@@ -71,14 +74,22 @@ def night_of(window: EvalWindow, now: dt.datetime) -> str:
 
 def local_repo(policy: ShadowPolicy, where: Path) -> Path:
     """A directory git can read the policy's repository in: the path itself, or a mirror
-    clone of a URL under the policy's folder, fetched now."""
+    clone of a URL under the policy's folder, fetched now. The clone is made in a temporary
+    folder and renamed: a clone killed mid-way leaves no half mirror to fetch into."""
     if Path(policy.repo).is_dir():
         return Path(policy.repo)
     mirror = where / "mirror.git"
-    if not mirror.is_dir():
-        git("clone", "-q", "--mirror", policy.repo, str(mirror))
-    else:
-        git("fetch", "-q", "--prune", "origin", cwd=mirror)
+    if mirror.is_dir():
+        git("fetch", "-q", "--prune", "origin", cwd=mirror, timeout=FETCH_TIMEOUT_S)
+        return mirror
+    for stale in where.glob(".mirror-*"):  # a killed clone's (the policy's lock is held)
+        shutil.rmtree(stale, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(dir=where, prefix=".mirror-"))
+    try:
+        git("clone", "-q", "--mirror", policy.repo, str(scratch / "m"), timeout=FETCH_TIMEOUT_S)
+        os.replace(scratch / "m", mirror)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return mirror
 
 
@@ -156,7 +167,7 @@ def _look(
     cannot read is dropped alone (``unreadable_merge``); a cursor gone from the repository
     moves to the tip, recorded in ``resets``."""
     try:
-        git("cat-file", "-e", f"{state.cursor}^{{commit}}", cwd=repo)
+        git("cat-file", "-e", f"{state.cursor}^{{commit}}", cwd=repo, timeout=GIT_TIMEOUT_S)
     except GitError as err:
         reset = CursorReset(at=now, lost=state.cursor, to=tip, detail=str(err)[:2000])
         return state.model_copy(update={"cursor": tip, "resets": [*state.resets, reset]})
@@ -251,13 +262,21 @@ def _task_problems(err: SpecError, tasks: list[ShadowTask]) -> dict[str, str]:
 
 def tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
     """Decide the merges since the cursor; inside the eval window, submit the kept ones not
-    yet submitted as one experiment (outside it they wait, so a day's merges make one)."""
+    yet submitted as one experiment (outside it they wait, so a day's merges make one). One
+    tick at a time per policy: a policy another evaluation holds is skipped this tick."""
+    with try_lock(policy_dir(settings.paths, name) / ".lock") as mine:
+        if not mine:
+            return TickResult(name, f"{name}: another tick is looking at it; skipped")
+        return _tick_policy(settings, name, now)
+
+
+def _tick_policy(settings: Settings, name: str, now: dt.datetime) -> TickResult:
     paths = settings.paths
     policy = read_policy(paths, name)
     state = read_state(paths, name)
     try:
         repo = local_repo(policy, policy_dir(paths, name))
-        tip = resolve_base(str(repo), policy.mainline)
+        tip = resolve_base(str(repo), policy.mainline, timeout=GIT_TIMEOUT_S)
     except (GitError, subprocess.CalledProcessError) as err:
         return TickResult(name, f"{name}: cannot read {policy.repo} {policy.mainline}: {err}")
     said = [f"{name}: no new merge on {policy.mainline} since {tip[:12]}"]

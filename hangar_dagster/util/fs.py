@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -94,3 +97,17 @@ def _kind(mode: int) -> str | None:
         if test(mode):
             return name
     return "not a regular file"
+
+
+@contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """An exclusive flock on ``path`` (created, never deleted), without waiting: yields
+    whether this process holds it. Closing the file drops it, a crash included."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True

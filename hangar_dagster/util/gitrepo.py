@@ -30,16 +30,23 @@ class GitError(RuntimeError):
     pass
 
 
-def git(*args: str, cwd: Path | None = None, input: str | None = None) -> str:
+def git(
+    *args: str, cwd: Path | None = None, input: str | None = None, timeout: float | None = None
+) -> str:
+    """Run git; GitError when it fails or runs past ``timeout`` seconds (then it is killed)."""
     env = {**os.environ, **GIT_ENV, "HOME": os.environ.get("HOME", "/root")}
-    proc = subprocess.run(
-        ["git", "-c", "safe.directory=*", *args],
-        cwd=cwd,
-        input=input,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    try:
+        proc = subprocess.run(
+            ["git", "-c", "safe.directory=*", *args],
+            cwd=cwd,
+            input=input,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {' '.join(args)} ran past {timeout:g} s and was stopped") from None
     if proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
@@ -52,19 +59,24 @@ def repo_location(repo: str, relative_to: Path) -> str:
     return str((relative_to / repo).resolve())
 
 
-def resolve_base(repo: str, ref: str) -> str:
+def resolve_base(repo: str, ref: str, timeout: float | None = None) -> str:
     """The full SHA ``ref`` names in ``repo`` (a commit, tag or branch)."""
     if Path(repo).exists():
         try:
             return git(
-                "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=Path(repo)
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                f"{ref}^{{commit}}",
+                cwd=Path(repo),
+                timeout=timeout,
             ).strip()
         except GitError:
             raise GitError(f"{repo}: no commit, tag or branch named {ref!r}") from None
     if _SHA.match(ref):
         return ref  # a remote can't be asked about a bare SHA; fetching it at clone time checks it
     found: dict[str, str] = {}
-    for line in git("ls-remote", repo, ref, f"refs/tags/{ref}^{{}}").splitlines():
+    for line in git("ls-remote", repo, ref, f"refs/tags/{ref}^{{}}", timeout=timeout).splitlines():
         sha, _, name = line.partition("\t")
         if _SHA.match(sha):
             found.setdefault("peeled" if name.endswith("^{}") else "ref", sha)

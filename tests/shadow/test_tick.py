@@ -308,3 +308,31 @@ def test_a_task_the_submit_refuses_is_dropped_alone_and_the_rest_submitted(
     assert "hidden_tests" in (state[cached].detail or "")
     exp = load_resolved(settings.paths, result.experiment_id)
     assert exp.shadow is not None and exp.shadow.merges == {f"m-{good[:12]}": good}
+
+
+def test_a_policy_another_tick_is_looking_at_is_skipped(tmp_path: Path) -> None:
+    import fcntl
+
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    repo.fix_add()
+    with open(policy_dir(settings.paths, "calc") / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other evaluation, mid-tick
+        busy = tick_policy(settings, "calc", NOW)
+    assert busy.experiment_id is None and "another tick" in busy.said
+    assert not settings.paths.experiments.exists() or not any(settings.paths.experiments.iterdir())
+    assert tick_policy(settings, "calc", NOW).experiment_id is not None
+
+
+def test_a_url_is_cloned_whole_or_not_at_all(tmp_path: Path) -> None:
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings, repo=f"file://{tmp_path / 'mainline'}")
+    where = policy_dir(settings.paths, "calc")
+    # A clone killed mid-way leaves its temporary folder, never a mirror.git to fetch into.
+    (where / ".mirror-killed").mkdir()
+    (where / ".mirror-killed" / "HEAD").write_text("ref: refs/heads/main\n")
+    sha = repo.fix_add()
+    result = tick_policy(settings, "calc", NOW)
+    assert result.experiment_id is not None, result.said
+    assert (where / "mirror.git").is_dir() and not (where / ".mirror-killed").exists()
+    assert read_state(settings.paths, "calc").cursor == sha

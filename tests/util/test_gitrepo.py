@@ -172,3 +172,11 @@ def test_isolated_clone_over_a_url_fetches_a_commit_that_is_no_ref_tip(
     isolated_clone(f"file://{up.path}", up.base, dest)
     assert git("log", "--all", "--format=%H", cwd=dest).split() == [up.base]
     assert git("remote", cwd=dest) == ""
+
+
+def test_a_git_command_past_its_timeout_is_stopped_with_a_git_error() -> None:
+    from hangar_dagster.util.gitrepo import GitError, git
+
+    with pytest.raises(GitError, match="ran past 1 s"):
+        # A transport that hangs (a remote that never answers), allowed for this call only.
+        git("-c", "protocol.ext.allow=always", "ls-remote", "ext::sleep 30", timeout=1)
