@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.plan import ResolvedExperiment
@@ -34,6 +34,7 @@ from hangar_dagster.experiment.spec import (
     ExperimentSpec,
     Nightly,
     Problem,
+    RefusedForNow,
     SpecError,
     load_spec,
     parse_spec,
@@ -104,6 +105,8 @@ class Night(BaseModel):
     trials_reused: int = 0
     previous: str | None = None  # the experiment of the schedule's night before, if any
     refused: str | None = None
+    # Only on what a tick returns, never stored: refused for now, tried again next tick.
+    pending: bool = Field(default=False, exclude=True)
 
 
 # ---- pure rules: which night, which id, what moved ----
@@ -314,6 +317,17 @@ def previous_night(paths: HangarPaths, name: str, night: dt.date) -> Night | Non
     return earlier[-1] if earlier else None
 
 
+def _new_night(schedule: Schedule, night: dt.date, before: Night | None) -> Night:
+    return Night(
+        schedule=schedule.name,
+        night=night,
+        due_at=night_time(schedule.nightly, night),
+        submitted_at=utcnow(),
+        spec_digest=schedule.spec_digest,
+        previous=before.experiment_id if before is not None else None,
+    )
+
+
 def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Night | None:
     """Submit ``schedule``'s experiment for ``night`` once, hand it to the daemon and record
     the night; the night's record when it exists already, None while another tick submits."""
@@ -326,24 +340,21 @@ def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Nigh
         eid = night_experiment_id(schedule.name, night, schedule.spec_digest)
         before = previous_night(paths, schedule.name, night)
         spec = schedule.spec()
-        record = Night(
-            schedule=schedule.name,
-            night=night,
-            due_at=night_time(schedule.nightly, night),
-            submitted_at=utcnow(),
-            spec_digest=schedule.spec_digest,
-            previous=before.experiment_id if before is not None else None,
-        )
+        record = _new_night(schedule, night, before)
         if (paths.experiment_dir(eid) / RESOLVED).is_file():
             exp = load_resolved(paths, eid)  # a tick that crashed after submitting it
         else:
             try:
                 exp = submit(Path(schedule.spec_path), settings, spec=spec, experiment_id=eid)
-            except SpecError as e:  # not tried again tonight: the next night is
+            except RefusedForNow as e:  # tried again next tick, until the catch-up ends
+                write_atomic(_pending_path(paths, schedule.name, night), str(e))
+                return record.model_copy(update={"refused": str(e), "pending": True})
+            except SpecError as e:  # the spec itself: not tried again tonight; the next night is
                 record = record.model_copy(update={"refused": str(e)})
                 write_atomic(
                     _night_path(paths, schedule.name, night), record.model_dump_json(indent=2)
                 )
+                _pending_path(paths, schedule.name, night).unlink(missing_ok=True)
                 return record
         (paths.experiment_dir(eid) / DAEMON_MARKER).touch()
         record = record.model_copy(
@@ -354,11 +365,46 @@ def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Nigh
                 "trials_reused": len(exp.reuse.sources) if exp.reuse is not None else 0,
             }
         )
-        Store(paths).put(
-            NoteRecord(experiment_id=eid, kind="nightly", message=night_note(record, before))
-        )
+        store = Store(paths)
+        # A tick cut off between the note and the record stored the note already.
+        if not any(n.kind == "nightly" for n in store.notes(eid)):
+            store.put(
+                NoteRecord(experiment_id=eid, kind="nightly", message=night_note(record, before))
+            )
         write_atomic(_night_path(paths, schedule.name, night), record.model_dump_json(indent=2))
+        _pending_path(paths, schedule.name, night).unlink(missing_ok=True)
         return record
+
+
+def _pending_path(paths: HangarPaths, name: str, night: dt.date) -> Path:
+    """The last error of a night the world refused for now (``RefusedForNow``), until it is
+    submitted or its catch-up ends (then its record says refused, with that error)."""
+    return schedule_dir(paths, name) / NIGHTS / f"{night.isoformat()}.pending"
+
+
+def _close_pending(settings: Settings, schedule: Schedule, due: dt.date | None) -> list[Night]:
+    """Record as refused each night still pending whose catch-up is over (not ``due``)."""
+    folder = schedule_dir(settings.paths, schedule.name) / NIGHTS
+    closed: list[Night] = []
+    for pending in sorted(folder.glob("*.pending")) if folder.is_dir() else []:
+        night = dt.date.fromisoformat(pending.name.removesuffix(".pending"))
+        if night == due:
+            continue
+        if read_night(settings.paths, schedule.name, night) is None:
+            before = previous_night(settings.paths, schedule.name, night)
+            record = _new_night(schedule, night, before).model_copy(
+                update={
+                    "refused": f"not submitted within the {CATCH_UP} catch-up; the last try "
+                    "said: " + pending.read_text()
+                }
+            )
+            write_atomic(
+                _night_path(settings.paths, schedule.name, night),
+                record.model_dump_json(indent=2),
+            )
+            closed.append(record)
+        pending.unlink()
+    return closed
 
 
 @dataclass(frozen=True)
@@ -396,6 +442,9 @@ def _tick_one(settings: Settings, name: str, now: dt.datetime, result: TickResul
         return
     nightly = schedule.nightly
     night = due_night(nightly, now)
+    for closed in _close_pending(settings, schedule, night):
+        result.submitted.append(closed)
+        result.said.append(f"{schedule.name}: night {closed.night} {_outcome(closed)}")
     if schedule.paused:
         result.said.append(f"{schedule.name}: paused (`hangar experiment schedule --resume`)")
         return
@@ -415,6 +464,9 @@ def _tick_one(settings: Settings, name: str, now: dt.datetime, result: TickResul
 
 
 def _outcome(night: Night) -> str:
+    if night.pending:
+        until = night.due_at + CATCH_UP
+        return f"was refused for now, tried again each tick until {until:%Y-%m-%d %H:%M} UTC: {night.refused}"
     if night.experiment_id is None:
         return f"was refused: {night.refused}"
     return (

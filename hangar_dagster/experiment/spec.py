@@ -434,6 +434,12 @@ class SpecError(Exception):
         super().__init__(f"{source}: {len(problems)} problem(s), nothing was submitted:\n{lines}")
 
 
+class RefusedForNow(SpecError):
+    """A spec refused by the world as it is now, not by what it says: a base that did not
+    resolve (a remote down, a branch not pushed yet) or a budget with too little left. The
+    same submission may pass later (a nightly night is tried again within its catch-up)."""
+
+
 _FIXES = {
     "missing": "add this field",
     "extra_forbidden": "remove it, or check its spelling against experiment.schema.json",

@@ -55,6 +55,7 @@ from hangar_dagster.experiment.spec import (
     Environment,
     ExperimentSpec,
     Problem,
+    RefusedForNow,
     SpecError,
     Task,
     load_spec,
@@ -228,6 +229,7 @@ def _resolve(
 ) -> ResolvedExperiment:
     spec_dir = spec_path.resolve().parent
     problems: list[Problem] = []
+    unresolved: list[Problem] = []  # bases git could not resolve now (RefusedForNow)
 
     tasks: dict[str, ResolvedTask] = {}
     for i, task in enumerate(spec.tasks):
@@ -246,13 +248,14 @@ def _resolve(
             try:
                 base_sha = resolve_base(repo, task.base)
             except GitError as err:
-                problems.append(
+                unresolved.append(
                     Problem(
                         path=f"{where}.base",
                         message=str(err),
                         fix="name a commit, tag or branch that exists in the repo",
                     )
                 )
+                problems.append(unresolved[-1])
         reported = len(problems)
         hidden = _read_hidden(task, where, spec_dir, problems)
         if not hidden and not spec.grader.files and len(problems) == reported:
@@ -386,7 +389,8 @@ def _resolve(
             overlay=variant.harness_lock is None,
         )
     if problems:
-        raise SpecError(str(spec_path), problems)
+        only_now = len(problems) == len(unresolved)
+        raise (RefusedForNow if only_now else SpecError)(str(spec_path), problems)
 
     canary = spec.grader.canary or new_canary()
     pinned = spec.model_copy(
@@ -491,7 +495,7 @@ def submit(
             settings,
             paid=n_trials - n_reused,
         ):
-            raise SpecError(str(spec_path), problems)
+            raise RefusedForNow(str(spec_path), problems)
         paths.experiments.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=paths.experiments, prefix=".submit-"))
         if built.is_dir():

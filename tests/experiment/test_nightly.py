@@ -5,6 +5,7 @@ night, its branch resolved to that night's SHA."""
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from pathlib import Path
 
 import pytest
@@ -232,12 +233,64 @@ def test_a_refused_night_is_recorded_and_not_tried_again_that_night(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
     settings = Settings.from_env()
-    nightly.register(nightly_spec(example_dir, tmp_path), settings)
-    (tmp_path / "repos" / "median").rename(tmp_path / "gone")
+    registry = tmp_path / "harnesses"  # a copy: the example is shared by the session's tests
+    shutil.copytree(example_dir / "harnesses", registry)
+    edit = {"harness_repo": str(registry)}
+    nightly.register(nightly_spec(example_dir, tmp_path, edit=edit), settings)
+    # A lock gone from the registry: the spec cannot run as it is, whenever it is tried.
+    locks = list(registry.glob("*@sha256:*"))
+    assert locks
+    for lock in locks:
+        shutil.rmtree(lock)
     first = local(2027, 1, 15, 19, 30)
     [refused] = nightly.tick(settings, first).submitted
-    assert refused.experiment_id is None and "tasks[0]" in (refused.refused or "")
+    assert refused.experiment_id is None and "harness_lock" in (refused.refused or "")
+    assert nightly.read_night(settings.paths, "nightly-ab", first.date()) == refused
     assert nightly.tick(settings, first + dt.timedelta(minutes=5)).submitted == []
+
+
+def test_a_night_the_world_refuses_for_now_is_tried_again_within_the_catch_up(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    p = settings.paths
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    # The repository unreachable for a while (a remote down): its base does not resolve.
+    (tmp_path / "repos" / "median").rename(tmp_path / "away")
+    first = local(2027, 1, 15, 19, 30)
+    [later] = nightly.tick(settings, first).submitted
+    assert later.experiment_id is None and "tasks[0].base" in (later.refused or "")
+    assert nightly.read_night(p, "nightly-ab", first.date()) is None  # not decided
+    assert "tried again" in nightly.tick(settings, first + dt.timedelta(minutes=1)).said[0]
+    (tmp_path / "away").rename(tmp_path / "repos" / "median")
+    [one] = nightly.tick(settings, first + dt.timedelta(minutes=2)).submitted
+    assert one.experiment_id is not None and one.refused is None
+    assert nightly.read_night(p, "nightly-ab", first.date()) == one
+
+    # Never back within the catch-up: the night is recorded refused with the last error.
+    (tmp_path / "repos" / "median").rename(tmp_path / "away")
+    second = local(2027, 1, 16, 19, 30)
+    nightly.tick(settings, second)
+    assert nightly.read_night(p, "nightly-ab", second.date()) is None
+    nightly.tick(settings, second + nightly.CATCH_UP + dt.timedelta(minutes=1))
+    night = nightly.read_night(p, "nightly-ab", second.date())
+    assert night is not None and night.experiment_id is None
+    assert "tasks[0].base" in (night.refused or "") and "catch-up" in (night.refused or "")
+
+
+def test_a_retry_after_a_crash_before_the_record_adds_no_second_note(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    p = settings.paths
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    first = local(2027, 1, 15, 19, 30)
+    [one] = nightly.tick(settings, first).submitted
+    assert one.experiment_id is not None
+    (p.nightly / "nightly-ab" / "nights" / "2027-01-15.json").unlink()  # the note was stored
+    nightly.tick(settings, first + dt.timedelta(minutes=1))
+    notes = [n for n in Store(p).notes(one.experiment_id) if n.kind == "nightly"]
+    assert len(notes) == 1
 
 
 def test_a_broken_schedule_does_not_stop_the_others(
