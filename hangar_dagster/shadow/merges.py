@@ -165,10 +165,12 @@ def build_task(repo: Path, merge: Merge, policy: ShadowPolicy) -> ShadowTask | t
     paths = [c.path for c in other]
     patch = "".join(
         git(
+            "--literal-pathspecs",  # file names, not globs: `w*.py`, `:odd.py`, `[x].py`
             "diff",
             "--binary",
             "--no-color",
             "--no-ext-diff",
+            "--no-textconv",  # git's bytes, not a filter's view (nor its command run)
             "--no-renames",
             merge.parent,
             merge.sha,

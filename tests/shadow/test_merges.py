@@ -175,3 +175,30 @@ def test_a_deleted_test_file_is_no_hidden_test(repo: Mainline) -> None:
     [d], _ = decide(repo.path, merges, policy(), 0, "n", NOW)
     assert (d.kept, d.reason) == (False, NO_TEST_CHANGES)
     assert start != mid
+
+
+def test_file_names_are_paths_not_globs_and_the_patch_ignores_textconv(repo: Mainline) -> None:
+    before = repo.head()
+    # The repository's own attributes ask for a textconv filter on .py files; the patch must
+    # be git's bytes, not the filter's view (nor a command the repository names being run).
+    git("config", "diff.upper.textconv", "tr a-z A-Z", cwd=repo.path)
+    sha = repo.merge(
+        "Odd names",
+        {
+            ".gitattributes": "*.py diff=upper\n",
+            "w*.py": "wild = 1\n",  # a glob, taken literally: it must not pull in wide.py
+            "wide.py": "left = 'out'\n",  # paths.exclude
+            ":odd.py": "odd = 1\n",  # a leading ':' is pathspec magic unless literal
+            "tests/test_w.py": hidden_test("w", "assert True"),
+        },
+    )
+    [merge] = new_merges(repo.path, sha, before)
+    task = build_task(repo.path, merge, policy(paths={"exclude": ["wide.py"]}))
+    assert isinstance(task, ShadowTask), task
+    files = [line for line in task.reference_patch.splitlines() if line.startswith("diff --git")]
+    assert files == [
+        "diff --git a/.gitattributes b/.gitattributes",
+        "diff --git a/:odd.py b/:odd.py",
+        "diff --git a/w*.py b/w*.py",
+    ]
+    assert "+wild = 1" in task.reference_patch and "WILD" not in task.reference_patch
