@@ -36,20 +36,23 @@ def git(
     """Run git; GitError when it fails or runs past ``timeout`` seconds (then it is killed)."""
     env = {**os.environ, **GIT_ENV, "HOME": os.environ.get("HOME", "/root")}
     try:
+        # Bytes, decoded here: text=True would turn a file's CRLF into LF in a patch.
         proc = subprocess.run(
             ["git", "-c", "safe.directory=*", *args],
             cwd=cwd,
-            input=input,
+            input=None if input is None else input.encode(),
             capture_output=True,
-            text=True,
             env=env,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         raise GitError(f"git {' '.join(args)} ran past {timeout:g} s and was stopped") from None
     if proc.returncode != 0:
-        raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout
+        said = proc.stderr.decode(errors="replace").strip()
+        raise GitError(
+            f"git {' '.join(args)} failed: {said or proc.stdout.decode(errors='replace').strip()}"
+        )
+    return proc.stdout.decode()
 
 
 def repo_location(repo: str, relative_to: Path) -> str:

@@ -180,3 +180,15 @@ def test_a_git_command_past_its_timeout_is_stopped_with_a_git_error() -> None:
     with pytest.raises(GitError, match="ran past 1 s"):
         # A transport that hangs (a remote that never answers), allowed for this call only.
         git("-c", "protocol.ext.allow=always", "ls-remote", "ext::sleep 30", timeout=1)
+
+
+def test_a_patch_keeps_crlf_line_ends(up: Upstream, tmp_path: Path) -> None:
+    dest = tmp_path / "clone"
+    isolated_clone(str(up.path), up.base, dest)
+    (dest / "win.txt").write_bytes(b"one\r\ntwo\r\n")
+    patch = take_patch(dest, up.base)
+    assert "+one\r\n+two\r\n" in patch
+    other = tmp_path / "other"
+    isolated_clone(str(up.path), up.base, other)
+    apply_patch(other, patch)
+    assert (other / "win.txt").read_bytes() == b"one\r\ntwo\r\n"
