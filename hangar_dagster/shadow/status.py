@@ -72,6 +72,9 @@ def merge_rows(state: ShadowState, store: Store) -> list[MergeRow]:
     index: dict[str, dict[str, dict[str, Any]]] = {}
     rows: list[MergeRow] = []
     for d in state.merges:
+        if d.kept and d.experiment_id is None:  # kept, submitted when the window is open
+            rows.append(_row(d, "queued", None, "kept; submitted inside the eval window", None))
+            continue
         if not d.kept or d.experiment_id is None or d.task is None:
             rows.append(_row(d, "dropped", d.reason, d.detail, None))
             continue

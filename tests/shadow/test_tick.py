@@ -114,6 +114,8 @@ def test_kept_merges_wait_for_the_window_and_a_days_merges_make_one_experiment(
     a = repo.fix_add()
     first = tick_policy(settings, "calc", noon)
     assert first.experiment_id is None and "wait for the eval window" in first.said
+    [row] = merge_rows(read_state(settings.paths, "calc"), Store(settings.paths))
+    assert (row.state, row.reason) == ("queued", None) and "eval window" in (row.detail or "")
     b = repo.fix_sub()
     tick_policy(settings, "calc", noon + dt.timedelta(hours=1))
     assert not settings.paths.experiments.exists() or not any(settings.paths.experiments.iterdir())
