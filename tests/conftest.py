@@ -73,6 +73,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item, name in resolved:
         item.own_markers[:] = [m for m in item.own_markers if m.name not in TIERS]
         item.add_marker(name)
+    _xdist_groups(items, resolved)
+
+
+# --- two workers (`bash scripts/test` runs pytest-xdist with --dist loadgroup) -------------
+# A worker takes a whole group: a module's tests stay together, so its module and session
+# fixtures (a shared build, the corpus's grade cache) are made once. Every test that needs the
+# Docker engine is one group, run by one worker at a time: `cleanup_leftovers` removes every
+# hangar container whose owner is gone, so one worker's deliberately crashed container would be
+# another's leftover, and the engine is one shared resource whose load the deployment tests size
+# their waits for. docs/performance.md, "The whole suite's time".
+DOCKER_GROUP = "docker"
+_TIER_ORDER = {"slow": 0, "integration": 1, "unit": 2}
+
+
+def _needs_docker(item: pytest.Item) -> bool:
+    return "docker_base_image" in getattr(item, "fixturenames", ()) or any(
+        mark.args == ("docker",) for mark in item.iter_markers("needs_sandbox")
+    )
+
+
+def _xdist_groups(items: list[pytest.Item], resolved: list[tuple[pytest.Item, str]]) -> None:
+    group: dict[int, str] = {}
+    rank: dict[str, int] = {}
+    for item, tier in resolved:
+        name = DOCKER_GROUP if _needs_docker(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(name))
+        group[id(item)] = name
+        rank[name] = min(rank.get(name, 3), -1 if name == DOCKER_GROUP else _TIER_ORDER[tier])
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Longest work first, so that no long group starts last: the Docker group, then the
+        # modules with slow tests, integration, unit (a stable sort keeps each group's order).
+        order = {id(item): n for n, item in enumerate(items)}
+        items.sort(key=lambda item: (rank[group[id(item)]], order[id(item)]))
 
 
 # --- sandbox backends ----------------------------------------------------------------------
