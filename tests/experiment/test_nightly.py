@@ -213,7 +213,7 @@ def test_a_tick_submits_each_night_once_with_that_nights_branch_sha(
     )
 
 
-def test_a_tick_that_crashed_after_submitting_finishes_that_night_without_a_second(
+def test_a_tick_that_crashed_after_submitting_finishes_that_night_without_a_second_or_a_note(
     example_dir: Path, hangar_home: Path, tmp_path: Path
 ) -> None:
     settings = Settings.from_env()
@@ -227,6 +227,9 @@ def test_a_tick_that_crashed_after_submitting_finishes_that_night_without_a_seco
     [again] = nightly.tick(settings, first + dt.timedelta(minutes=1)).submitted
     assert again.experiment_id == one.experiment_id
     assert sorted(d.name for d in p.experiments.iterdir()) == [one.experiment_id]
+    # the nightly note was stored before the crash: the retry adds no second one
+    notes = [n for n in Store(p).notes(one.experiment_id) if n.kind == "nightly"]
+    assert len(notes) == 1
 
 
 def test_a_refused_night_is_recorded_and_not_tried_again_that_night(
@@ -276,21 +279,6 @@ def test_a_night_the_world_refuses_for_now_is_tried_again_within_the_catch_up(
     night = nightly.read_night(p, "nightly-ab", second.date())
     assert night is not None and night.experiment_id is None
     assert "tasks[0].base" in (night.refused or "") and "catch-up" in (night.refused or "")
-
-
-def test_a_retry_after_a_crash_before_the_record_adds_no_second_note(
-    example_dir: Path, hangar_home: Path, tmp_path: Path
-) -> None:
-    settings = Settings.from_env()
-    p = settings.paths
-    nightly.register(nightly_spec(example_dir, tmp_path), settings)
-    first = local(2027, 1, 15, 19, 30)
-    [one] = nightly.tick(settings, first).submitted
-    assert one.experiment_id is not None
-    (p.nightly / "nightly-ab" / "nights" / "2027-01-15.json").unlink()  # the note was stored
-    nightly.tick(settings, first + dt.timedelta(minutes=1))
-    notes = [n for n in Store(p).notes(one.experiment_id) if n.kind == "nightly"]
-    assert len(notes) == 1
 
 
 def test_a_broken_schedule_does_not_stop_the_others(
