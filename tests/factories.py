@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from hangar_dagster.results.records import (
     TrialRecord,
 )
 from hangar_dagster.results.store import Store
-from hangar_dagster.settings import Settings, paths
+from hangar_dagster.settings import HangarPaths, Settings, paths
 
 T0 = dt.datetime(2025, 3, 4, 1, 2, 3, tzinfo=dt.UTC)
 EXP = "exp-0001"
@@ -221,3 +222,24 @@ def settings(window: EvalWindow | None = None, **env: str) -> Settings:
         return base
     written = "always" if window.always else f"{window.start:%H:%M}-{window.end:%H:%M}"
     return dataclasses.replace(base, eval_window=written, eval_tz=window.tz.key)
+
+
+class CutOff(BaseException):
+    """A process stopping at a chosen write (a BaseException: no ``except Exception`` eats it)."""
+
+
+def cut_off_before(
+    monkeypatch: pytest.MonkeyPatch, home: HangarPaths, kind: type[Any]
+) -> Callable[[], None]:
+    """Make the home's store raise CutOff at its first ``put`` of a ``kind`` record, as a crash
+    there would stop the process; returns what restores the store."""
+    backend = type(Store(home))
+    put = backend.put
+
+    def stopped(self: Store, record: Any) -> None:
+        if isinstance(record, kind):
+            raise CutOff(f"stopped before storing a {kind.__name__}")
+        put(self, record)
+
+    monkeypatch.setattr(backend, "put", stopped)
+    return lambda: monkeypatch.setattr(backend, "put", put)

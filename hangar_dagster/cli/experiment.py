@@ -104,8 +104,9 @@ def regrade_cmd(
     (exit 2, each field named). Run again with the same grader, it goes on with that regrade
     and grades only what has no grade yet (after a crash, say). Exits as run --wait."""
     from hangar_dagster.experiment.regrade import RegradeSubmitted, spec_of
-    from hangar_dagster.experiment.submit import load_resolved, submit
+    from hangar_dagster.experiment.submit import finish_submit, load_resolved, submit
     from hangar_dagster.orchestration.driver import run_in_flight
+    from hangar_dagster.results.store import Store
 
     settings = Settings.from_env()
     p = settings.paths
@@ -117,6 +118,7 @@ def regrade_cmd(
         raise typer.Exit(2) from None
     except RegradeSubmitted as again:  # run again (after a crash, say): go on with that one
         exp = again.experiment
+        finish_submit(exp, Store(p), p, regrade=old)  # what a crash in its submit cut off
         busy = run_in_flight(exp, settings, say=lambda m: err.print(f"[yellow]{escape(m)}[/]"))
         if busy is not None:
             err.print(f"[red]refused:[/] {exp.experiment_id}: {escape(busy)}; wait until it ends")

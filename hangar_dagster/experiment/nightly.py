@@ -40,7 +40,13 @@ from hangar_dagster.experiment.spec import (
     parse_spec,
 )
 from hangar_dagster.experiment.spec_yaml import load_yaml
-from hangar_dagster.experiment.submit import RESOLVED, load_resolved, resolve, submit
+from hangar_dagster.experiment.submit import (
+    RESOLVED,
+    finish_submit,
+    load_resolved,
+    resolve,
+    submit,
+)
 from hangar_dagster.queue.window import local_instant
 from hangar_dagster.results.records import NoteRecord, utcnow
 from hangar_dagster.results.store import Store
@@ -343,6 +349,7 @@ def submit_night(settings: Settings, schedule: Schedule, night: dt.date) -> Nigh
         record = _new_night(schedule, night, before)
         if (paths.experiment_dir(eid) / RESOLVED).is_file():
             exp = load_resolved(paths, eid)  # a tick that crashed after submitting it
+            finish_submit(exp, Store(paths), paths)  # what the crash may have cut off
         else:
             try:
                 exp = submit(Path(schedule.spec_path), settings, spec=spec, experiment_id=eid)

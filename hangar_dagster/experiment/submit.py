@@ -62,7 +62,7 @@ from hangar_dagster.experiment.spec import (
 )
 from hangar_dagster.grading.grader import grader_digest
 from hangar_dagster.queue.budget import projection_note, submit_problems
-from hangar_dagster.results.records import ExperimentRecord, NoteRecord, utcnow
+from hangar_dagster.results.records import ExperimentRecord, NoteRecord, Record, utcnow
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
 from hangar_dagster.trials.agents import UnknownAgent, get_agent
@@ -502,44 +502,57 @@ def submit(
             shutil.move(built, staging / OVERLAYS)
         (staging / RESOLVED).write_text(exp.model_dump_json(indent=2))
         os.replace(staging, final)
-    spec_json = masked_spec_json(exp)
-    store.put(
-        ExperimentRecord(
-            experiment_id=exp.experiment_id,
-            name=exp.name,
-            author=exp.author,
-            submitted_at=exp.submitted_at,
-            spec_path=exp.spec_path,
-            spec_digest="sha256:" + sha256_json(spec_json),
-            spec_json=spec_json,
-            variants=list(exp.variants),
-            tasks=list(exp.tasks),
-            trials_per_task=exp.spec.trials,
-            trials_planned=len(exp.trial_keys()),
-            parallel=exp.spec.parallel,
-            trials_reused=n_reused,
-        )
-    )
-    for said in reuse_notes(exp):
-        store.put(said)
-    if regrade is not None:
-        store.put(regrade_note(regrade, exp))
-    materialize_reuse(exp, store, paths)  # the spec stage writes again what a crash cut off
-    if note := projection_note(exp.spec, n_trials):
-        store.put(NoteRecord(experiment_id=exp.experiment_id, kind="budget", message=note))
-    for v in exp.variants.values():
-        if v.overlay:
-            store.put(deprecation_note(exp, v))
-    for v in exp.variants.values():
-        if v.model_note:
-            store.put(
-                NoteRecord(
-                    experiment_id=exp.experiment_id,
-                    kind="model",
-                    message=f"variant {v.name}: {v.model_note}",
-                )
-            )
+    finish_submit(exp, store, paths, regrade=regrade)
     return exp
+
+
+def finish_submit(
+    exp: ResolvedExperiment,
+    store: Store,
+    paths: HangarPaths,
+    *,
+    regrade: ResolvedExperiment | None = None,
+) -> None:
+    """The store's records of a submitted experiment, whose directory is in place: what
+    ``submit`` writes after that directory appears. Called again for an experiment a crash cut
+    off there (a nightly or shadow tick, or a regrade, going on with it), it writes only what is
+    missing: a second experiment row would be refused, a second note would say it twice."""
+    eid = exp.experiment_id
+    if store.experiment(eid) is None:
+        spec_json = masked_spec_json(exp)
+        store.put(
+            ExperimentRecord(
+                experiment_id=eid,
+                name=exp.name,
+                author=exp.author,
+                submitted_at=exp.submitted_at,
+                spec_path=exp.spec_path,
+                spec_digest="sha256:" + sha256_json(spec_json),
+                spec_json=spec_json,
+                variants=list(exp.variants),
+                tasks=list(exp.tasks),
+                trials_per_task=exp.spec.trials,
+                trials_planned=len(exp.trial_keys()),
+                parallel=exp.spec.parallel,
+                trials_reused=len(exp.reuse.sources) if exp.reuse is not None else 0,
+            )
+        )
+    notes = list(reuse_notes(exp))
+    if regrade is not None:
+        notes.append(regrade_note(regrade, exp))
+    if said := projection_note(exp.spec, len(exp.trial_keys())):
+        notes.append(NoteRecord(experiment_id=eid, kind="budget", message=said))
+    notes += [deprecation_note(exp, v) for v in exp.variants.values() if v.overlay]
+    notes += [
+        NoteRecord(experiment_id=eid, kind="model", message=f"variant {v.name}: {v.model_note}")
+        for v in exp.variants.values()
+        if v.model_note
+    ]
+    stored = {(n.kind, n.message) for n in store.notes(eid)}
+    missing: list[Record] = [n for n in notes if (n.kind, n.message) not in stored]
+    if missing:
+        store.put_many(missing)
+    materialize_reuse(exp, store, paths)  # the spec stage writes again what a crash cut off
 
 
 def load_resolved(paths: HangarPaths, experiment_id: str) -> ResolvedExperiment:

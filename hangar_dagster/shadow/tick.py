@@ -25,8 +25,14 @@ import yaml
 from hangar_dagster.experiment.catalog import DAEMON_MARKER, stored_ids
 from hangar_dagster.experiment.plan import ShadowOrigin
 from hangar_dagster.experiment.spec import SpecError
-from hangar_dagster.experiment.submit import load_resolved, new_experiment_id, submit
+from hangar_dagster.experiment.submit import (
+    finish_submit,
+    load_resolved,
+    new_experiment_id,
+    submit,
+)
 from hangar_dagster.queue.window import EvalWindow
+from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 from hangar_dagster.shadow.merges import (
     GIT_TIMEOUT_S,
@@ -205,7 +211,8 @@ def _submit(
     experiment; only the others are submitted now. A task the submit refuses is left out and
     the others submitted again without it; a refusal of the whole (a budget) refuses all."""
     submitted = _submitted_before(settings, policy.name, {d.sha for d in waiting})
-    for eid in set(submitted.values()):  # a cut-off tick may not have handed it over
+    for eid in sorted(set(submitted.values())):  # a cut-off tick may not have finished it
+        finish_submit(load_resolved(settings.paths, eid), Store(settings.paths), settings.paths)
         (settings.paths.experiment_dir(eid) / DAEMON_MARKER).touch()
     refused: dict[str, str] = {}
     tasks: list[ShadowTask] = []

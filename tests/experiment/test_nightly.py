@@ -14,8 +14,10 @@ import yaml
 from hangar_dagster.experiment import nightly
 from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.spec import Nightly, SpecError, parse_spec
+from hangar_dagster.results.records import ExperimentRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
+from tests import factories as f
 from tests.nightlyfixtures import local, move_branch, nightly_spec, sha_of
 
 pytestmark = pytest.mark.unit
@@ -230,6 +232,30 @@ def test_a_tick_that_crashed_after_submitting_finishes_that_night_without_a_seco
     # the nightly note was stored before the crash: the retry adds no second one
     notes = [n for n in Store(p).notes(one.experiment_id) if n.kind == "nightly"]
     assert len(notes) == 1
+
+
+def test_a_tick_cut_off_inside_submit_stores_the_experiment_row_on_the_next_tick(
+    example_dir: Path, hangar_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut off after the experiment's directory appeared, before its store rows: the next tick
+    goes on with that experiment and writes what is missing, each once."""
+    settings = Settings.from_env()
+    p = settings.paths
+    nightly.register(nightly_spec(example_dir, tmp_path), settings)
+    restore = f.cut_off_before(monkeypatch, p, ExperimentRecord)
+    first = local(2027, 1, 15, 19, 30)
+    with pytest.raises(f.CutOff):
+        nightly.tick(settings, first)
+    [eid] = [d.name for d in p.experiments.iterdir() if not d.name.startswith(".")]
+    assert Store(p).experiment(eid) is None
+    restore()
+    [one] = nightly.tick(settings, first + dt.timedelta(minutes=1)).submitted
+    assert one.experiment_id == eid
+    row = Store(p).experiment(eid)
+    assert row is not None and row.trials_planned == one.trials_planned
+    nightly.tick(settings, first + dt.timedelta(minutes=2))  # a later tick changes nothing
+    kinds = [n.kind for n in Store(p).notes(eid)]
+    assert kinds.count("nightly") == 1 and len(kinds) == len(set(kinds)), kinds
 
 
 def test_a_refused_night_is_recorded_and_not_tried_again_that_night(

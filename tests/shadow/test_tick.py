@@ -13,6 +13,7 @@ import yaml
 from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.submit import load_resolved
 from hangar_dagster.queue.window import parse_window
+from hangar_dagster.results.records import ExperimentRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 from hangar_dagster.shadow.policy import (
@@ -83,6 +84,27 @@ def test_a_tick_cut_off_before_it_moved_the_cursor_does_not_submit_twice(tmp_pat
     assert again.experiment_id == first.experiment_id
     assert len([d for d in settings.paths.experiments.iterdir() if d.is_dir()]) == 1
     assert len(read_state(settings.paths, "calc").merges) == 1
+
+
+def test_a_tick_cut_off_inside_submit_stores_the_experiment_row_on_the_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut off after the experiment's directory appeared, before its store rows: the next tick
+    goes on with that experiment, stores its row and hands it to the daemon."""
+    settings = Settings.from_env({"HANGAR_HOME": str(tmp_path / "home")})
+    repo = registered_shadow(tmp_path, settings)
+    repo.fix_add()
+    restore = f.cut_off_before(monkeypatch, settings.paths, ExperimentRecord)
+    with pytest.raises(f.CutOff):
+        tick_policy(settings, "calc", NOW)
+    [eid] = [d.name for d in settings.paths.experiments.iterdir() if not d.name.startswith(".")]
+    assert Store(settings.paths).experiment(eid) is None
+    restore()
+    again = tick_policy(settings, "calc", NOW)
+    assert again.experiment_id == eid
+    row = Store(settings.paths).experiment(eid)
+    assert row is not None and row.trials_planned == 1
+    assert (settings.paths.experiment_dir(eid) / DAEMON_MARKER).exists()
 
 
 def test_a_submit_the_budget_refuses_drops_the_merges_saying_why(tmp_path: Path) -> None:
