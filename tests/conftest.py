@@ -76,14 +76,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _xdist_groups(items, resolved)
 
 
-# --- two workers (`bash scripts/test` runs pytest-xdist with --dist loadgroup) -------------
+# --- two workers (`bash scripts/test` runs pytest-xdist) ------------------------------------
 # A worker takes a whole group: a module's tests stay together, so its module and session
 # fixtures (a shared build, the corpus's grade cache) are made once. Every test that needs the
 # Docker engine is one group, run by one worker at a time: `cleanup_leftovers` removes every
 # hangar container whose owner is gone, so one worker's deliberately crashed container would be
-# another's leftover, and the engine is one shared resource whose load the deployment tests size
-# their waits for. docs/performance.md, "The whole suite's time".
+# another's leftover, and the deployment tests size their waits for one user of the engine.
+# xdist's own `xdist_group` cannot carry this: it renames the item's nodeid through an attribute
+# pytest 9.2 no longer reads. So each worker writes its nodeid -> group map where the
+# controller's scheduler (below) reads it. docs/performance.md, "The whole suite's time".
 DOCKER_GROUP = "docker"
+GROUPS_DIR = "HANGAR_TEST_GROUPS_DIR"
 _TIER_ORDER = {"slow": 0, "integration": 1, "unit": 2}
 
 
@@ -93,19 +96,66 @@ def _needs_docker(item: pytest.Item) -> bool:
     )
 
 
+def _group(item: pytest.Item) -> str:
+    return DOCKER_GROUP if _needs_docker(item) else item.nodeid.split("::")[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import tempfile
+
+        # the controller, before it starts the workers (they inherit the variable)
+        os.environ[GROUPS_DIR] = tempfile.mkdtemp(prefix="hangar-test-groups-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and (where := os.environ.pop(GROUPS_DIR, "")):
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def _xdist_groups(items: list[pytest.Item], resolved: list[tuple[pytest.Item, str]]) -> None:
-    group: dict[int, str] = {}
+    """In a worker: the longest work first, so that no long group starts last (the Docker
+    group, then the modules with slow tests, integration, unit; a stable sort keeps each
+    group's order), and the nodeid -> group map written for the controller."""
+    worker, where = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(GROUPS_DIR)
+    if not worker or not where:
+        return
+    import json
+
+    group = {id(item): _group(item) for item, _ in resolved}
     rank: dict[str, int] = {}
     for item, tier in resolved:
-        name = DOCKER_GROUP if _needs_docker(item) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(name))
-        group[id(item)] = name
+        name = group[id(item)]
         rank[name] = min(rank.get(name, 3), -1 if name == DOCKER_GROUP else _TIER_ORDER[tier])
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Longest work first, so that no long group starts last: the Docker group, then the
-        # modules with slow tests, integration, unit (a stable sort keeps each group's order).
-        order = {id(item): n for n, item in enumerate(items)}
-        items.sort(key=lambda item: (rank[group[id(item)]], order[id(item)]))
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (rank[group[id(item)]], order[id(item)]))
+    mapping = json.dumps({item.nodeid: group[id(item)] for item in items})
+    Path(where, f"{worker}.json.tmp").write_text(mapping)
+    os.replace(Path(where, f"{worker}.json.tmp"), Path(where, f"{worker}.json"))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler with our groups as its scopes (a whole group per worker). Work
+    goes out in collection order, which the workers sorted longest first."""
+    import json
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    where = Path(os.environ[GROUPS_DIR])
+    config.option.loadscopereorder = False  # by test count: not the order we sorted
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            # Called once every worker has collected, so every worker's map is written.
+            if self.groups is None:
+                self.groups = {}
+                for found in sorted(where.glob("*.json")):
+                    self.groups.update(json.loads(found.read_text()))
+            return self.groups.get(nodeid) or nodeid.split("::")[0]
+
+    return ByGroup(config, log)
 
 
 # --- sandbox backends ----------------------------------------------------------------------
