@@ -62,8 +62,15 @@ def repo_location(repo: str, relative_to: Path) -> str:
     return str((relative_to / repo).resolve())
 
 
+# How long asking a remote for a ref may take when the caller names no limit: a stalled remote
+# would otherwise hold a submit, or a nightly or shadow tick and its lock, forever.
+REMOTE_TIMEOUT_S = 120.0
+
+
 def resolve_base(repo: str, ref: str, timeout: float | None = None) -> str:
-    """The full SHA ``ref`` names in ``repo`` (a commit, tag or branch)."""
+    """The full SHA ``ref`` names in ``repo`` (a commit, tag or branch); GitError past
+    ``timeout`` seconds (``REMOTE_TIMEOUT_S`` when None)."""
+    timeout = REMOTE_TIMEOUT_S if timeout is None else timeout
     if Path(repo).exists():
         try:
             return git(

@@ -182,6 +182,19 @@ def test_a_git_command_past_its_timeout_is_stopped_with_a_git_error() -> None:
         git("-c", "protocol.ext.allow=always", "ls-remote", "ext::sleep 30", timeout=1)
 
 
+def test_resolve_base_over_a_remote_that_never_answers_stops_at_its_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A nightly or shadow tick resolving a branch must not wait forever on a stalled remote:
+    resolve_base has a time limit even when the caller gives none."""
+    from hangar_dagster.util import gitrepo
+
+    monkeypatch.setattr(gitrepo, "REMOTE_TIMEOUT_S", 1)
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 30;:")  # an ssh transport that never answers
+    with pytest.raises(gitrepo.GitError, match="ran past 1 s"):
+        gitrepo.resolve_base("ssh://hangar-test.invalid/repo.git", "main")
+
+
 def test_a_patch_keeps_crlf_line_ends(up: Upstream, tmp_path: Path) -> None:
     dest = tmp_path / "clone"
     isolated_clone(str(up.path), up.base, dest)
