@@ -677,9 +677,11 @@ def schedule_cmd(
 def _list_schedules(p: HangarPaths, now: Any) -> None:
     from hangar_dagster.experiment import nightly
 
-    found = nightly.schedules(p)
+    found, broken = nightly.schedules(p), nightly.broken_schedules(p)
+    for why in broken.values():  # listed, not a traceback: the others still show
+        err.print(f"[red]broken:[/] {escape(why)}")
     if not found:
-        console.print(f"no nightly schedule under {p.nightly}")
+        console.print(f"no nightly schedule under {p.nightly}" + (" that reads" if broken else ""))
         return
     table = Table(title=f"nightly schedules under {p.nightly}")
     for col in ("name", "at", "state", "spec", "next night", "last night"):

@@ -16,6 +16,7 @@ the clock (``due_night``), with the eval window's DST rules (queue/window.py).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import getpass
 import hashlib
@@ -179,18 +180,49 @@ def schedule_dir(paths: HangarPaths, name: str) -> Path:
 
 
 def read_schedule(paths: HangarPaths, name: str) -> Schedule | None:
+    """``name``'s schedule; None when none is registered; NightlyError when its file cannot be
+    read (cut off, edited by hand), naming the file and the commands that mend it."""
+    path = schedule_dir(paths, name) / SCHEDULE
     try:
-        return Schedule.model_validate_json((schedule_dir(paths, name) / SCHEDULE).read_text())
+        return Schedule.model_validate_json(path.read_text())
     except FileNotFoundError:
         return None
+    except (OSError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        said = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise NightlyError(
+            f"{path} is not a readable nightly schedule ({said}); remove it with "
+            f"`hangar experiment schedule --remove {name}`, or register the spec again with "
+            "`hangar experiment schedule SPEC --replace`"
+        ) from None
+
+
+def _names(paths: HangarPaths) -> list[str]:
+    return (
+        sorted(d.name for d in paths.nightly.iterdir() if d.is_dir())
+        if paths.nightly.is_dir()
+        else []
+    )
 
 
 def schedules(paths: HangarPaths) -> list[Schedule]:
-    """Every registered schedule, by name."""
-    if not paths.nightly.is_dir():
-        return []
-    found = (read_schedule(paths, d.name) for d in sorted(paths.nightly.iterdir()) if d.is_dir())
-    return [s for s in found if s is not None]
+    """Every registered schedule that can be read, by name (``broken_schedules``: the others)."""
+    found: list[Schedule] = []
+    for name in _names(paths):
+        with contextlib.suppress(NightlyError):
+            if (schedule := read_schedule(paths, name)) is not None:
+                found.append(schedule)
+    return found
+
+
+def broken_schedules(paths: HangarPaths) -> dict[str, str]:
+    """Name -> why, for each registered schedule whose file cannot be read."""
+    broken: dict[str, str] = {}
+    for name in _names(paths):
+        try:
+            read_schedule(paths, name)
+        except NightlyError as err:
+            broken[name] = str(err)
+    return broken
 
 
 def nights(paths: HangarPaths, name: str) -> list[Night]:
@@ -240,7 +272,12 @@ def register(spec_path: Path, settings: Settings, *, replace: bool = False) -> S
         )
     resolve(spec, spec_path, settings, require_concrete=True)  # refuses what a night would
     digest = spec_digest(text)
-    existing = read_schedule(settings.paths, spec.name)
+    try:
+        existing = read_schedule(settings.paths, spec.name)
+    except NightlyError:
+        if not replace:
+            raise
+        existing = None  # an unreadable copy: --replace writes a good one over it
     if existing is not None and not replace:
         if existing.spec_digest == digest:
             return existing
@@ -274,11 +311,13 @@ def set_paused(paths: HangarPaths, name: str, paused: bool) -> Schedule:
     return changed
 
 
-def remove(paths: HangarPaths, name: str) -> Schedule:
-    """Unregister ``name``; its nights (and their experiments) stay for compare and SQL."""
-    schedule = _named(paths, name)
-    (schedule_dir(paths, name) / SCHEDULE).unlink()
-    return schedule
+def remove(paths: HangarPaths, name: str) -> None:
+    """Unregister ``name`` (a schedule whose file cannot be read too); its nights (and their
+    experiments) stay for compare and SQL."""
+    path = schedule_dir(paths, name) / SCHEDULE
+    if name not in broken_schedules(paths):
+        _named(paths, name)  # refuses a name that is not registered
+    path.unlink()
 
 
 # ---- the night's submission ----

@@ -320,3 +320,25 @@ def test_a_broken_schedule_does_not_stop_the_others(
     assert one.schedule == "nightly-ab" and one.experiment_id is not None
     assert any(s.startswith("aaa-broken: failed:") for s in result.said)
     assert "aaa-broken: failed:" in (broken / nightly.LAST_ERROR).read_text()
+
+
+def test_a_broken_schedule_is_listed_as_broken_and_can_be_removed_or_replaced(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    """A schedule.json nobody can read (cut off, edited by hand) must not stop --list, and the
+    commands its error names must work on it."""
+    settings = Settings.from_env()
+    p = settings.paths
+    spec = nightly_spec(example_dir, tmp_path)
+    good = nightly.register(spec, settings)
+    path = p.nightly / good.name / nightly.SCHEDULE
+    path.write_text('{"name": "nightly-ab"')  # cut off mid-write
+    assert nightly.schedules(p) == []
+    [(name, why)] = nightly.broken_schedules(p).items()
+    assert name == "nightly-ab" and str(path) in why and "--remove nightly-ab" in why
+    with pytest.raises(nightly.NightlyError, match="--replace"):
+        nightly.register(spec, settings)  # without --replace: refused, naming the fixes
+    assert nightly.register(spec, settings, replace=True).spec_digest == good.spec_digest
+    path.write_text("not json")
+    nightly.remove(p, "nightly-ab")
+    assert not path.exists() and nightly.broken_schedules(p) == {}
