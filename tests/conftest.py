@@ -134,6 +134,7 @@ def _xdist_groups(items: list[pytest.Item], resolved: list[tuple[pytest.Item, st
     os.replace(Path(where, f"{worker}.json.tmp"), Path(where, f"{worker}.json"))
 
 
+@pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist runs the suite in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduler with our groups as its scopes (a whole group per worker). Work
     goes out in collection order, which the workers sorted longest first."""
