@@ -17,10 +17,12 @@ exactly as they use a build (``Built.sandbox``).
 
 from __future__ import annotations
 
+import compileall
 import functools
 import importlib.metadata
 import json
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -38,6 +40,7 @@ from hangar_dagster.util.fs import remove_tree, write_atomic
 _KEY_CHARS = 24
 # Console scripts the runner's distributions declare that are written into the venv's bin.
 _SCRIPTS = ("pytest", "py.test")
+HANGAR_GRADE = Path(__file__).resolve().parents[1] / "grading" / "hangar_grade.py"
 GRADE_BIN = "grade-bin"  # in the runner's root: a directory holding only `hangar-grade`
 
 
@@ -72,6 +75,10 @@ def runner_definition() -> dict[str, object]:
         "base_python": str(base_python()),
         # grade-bin's hangar-grade points into hangar's own environment
         "hangar": str(Path(sys.prefix)),
+        # The runner's bytecode is compiled when it is made (checked-hash pycs), and
+        # grade-bin's hangar-grade runs this file with -I -S (``grade_script``).
+        "layout": 2,
+        "hangar_grade": str(HANGAR_GRADE),
     }
 
 
@@ -86,10 +93,14 @@ def site_packages(venv: Path) -> Path:
     )
 
 
-def install_runner(venv: Path) -> list[str]:
+def install_runner(venv: Path, final: Path | None = None) -> list[str]:
     """Copy the runner's distributions into ``venv`` (its site-packages and its pytest scripts).
 
-    Only the files each distribution's RECORD lists inside site-packages (no bytecode); the
+    Only the files each distribution's RECORD lists inside site-packages (no bytecode), then
+    compiled here, once: every grade runs pytest with ``-B`` from a read-only venv, so without
+    bytecode each one compiled pytest afresh (docs/performance.md). The pycs are
+    checked-hash (validated against their source at every import, like the flag hangar-grade
+    passes) and name ``final`` (the venv's final place; default ``venv``) in tracebacks. The
     console scripts are written anew for ``venv``'s python. Returns the top-level names
     installed (what provenance calls "the pinned test runner").
     """
@@ -114,6 +125,10 @@ def install_runner(venv: Path) -> list[str]:
             top = rel.parts[0]
             if not top.endswith((".dist-info", ".pth")):
                 tops.add(top.removesuffix(".py"))
+    compileall.compile_dir(
+        dest, quiet=2, ddir=site_packages(final or venv),
+        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+    )  # fmt: skip
     python = venv / "bin" / "python"
     for script in _SCRIPTS:
         path = venv / "bin" / script
@@ -122,6 +137,20 @@ def install_runner(venv: Path) -> list[str]:
         )
         path.chmod(0o755)
     return sorted(tops)
+
+
+def grade_script() -> str:
+    """grade-bin's ``hangar-grade``: ``grading/hangar_grade.py`` run by path with ``-I -S``.
+
+    Not hangar's console script: that imports the ``hangar_dagster`` package (pydantic and
+    all) in every grade, while hangar_grade.py needs only the standard library. ``-I -S``: no
+    PYTHON* variables, user site or site-packages reach it.
+    """
+    return (
+        f"#!{sys.executable} -IS\n"
+        "import runpy\n"
+        f"runpy.run_path({str(HANGAR_GRADE)!r}, run_name='__main__')\n"
+    )
 
 
 def runner_root(settings: Settings) -> Path:
@@ -162,11 +191,13 @@ def ensure_runner(settings: Settings) -> Built:
                 [str(base_python()), "-I", "-m", "venv", "--without-pip", str(venv)],
                 check=True, capture_output=True, timeout=120,
             )  # fmt: skip
-            tops = install_runner(venv)
+            tops = install_runner(venv, root / "venv")
             # hangar-grade alone: the grader's PATH starts here, so `python` and `pytest` are
             # the test environment's, and hangar's wrapper is found first by its own name.
             (tmp / GRADE_BIN).mkdir()
-            os.symlink(Path(sys.prefix) / "bin" / "hangar-grade", tmp / GRADE_BIN / "hangar-grade")
+            grade = tmp / GRADE_BIN / "hangar-grade"
+            grade.write_text(grade_script())
+            grade.chmod(0o755)
             # The scripts name the final place of the venv, not the temporary one.
             for script in _SCRIPTS:
                 path = venv / "bin" / script

@@ -13,6 +13,7 @@ left for sealing (uid split, pipes, a trusted reporter).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import hashlib
@@ -58,7 +59,7 @@ from hangar_dagster.grading.crosscheck import (
 )
 from hangar_dagster.grading.junit import MAX_BYTES, JunitResult, parse_junit_bytes, zero_counts
 from hangar_dagster.grading.signals import canary_hits, tamper_signals, touched_tests
-from hangar_dagster.grading.static import static_signals
+from hangar_dagster.grading.static import check_read, read_patched
 from hangar_dagster.results.records import (
     BaseCheckRecord,
     GradeRecord,
@@ -76,7 +77,7 @@ from hangar_dagster.trials.sandbox import Mount, RunAs, SandboxRequest, SandboxR
 from hangar_dagster.trials.sandbox._common import Capture
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import remove_tree, write_atomic
-from hangar_dagster.util.gitrepo import GitError, apply_patch, changed_files, git, isolated_clone
+from hangar_dagster.util.gitrepo import GitError, apply_patch, cached_clone, changed_files
 
 Runner = Literal["hangar-grade", "command"]
 
@@ -128,6 +129,7 @@ _MAX_PROCESSES = 256  # processes and threads of one grader run (RLIMIT_NPROC)
 _MAX_FILE_MB = 256  # the largest file a grader command can write (RLIMIT_FSIZE)
 _ENV_EXTRA = {"HANGAR_TRIAL", "HANGAR_VARIANT"}
 _MESSAGE_CHARS = 200  # of a test's failure / skip message kept per test
+PRISTINE = "pristine"  # in a grader's work root: one pristine clone per (repo, base SHA)
 
 
 @dataclass(frozen=True)
@@ -483,11 +485,10 @@ def _run_sealed(
     task = experiment.tasks[task_id]
     canary = experiment.canary
     repo, hidden = work / "repo", work / "hidden"
-    isolated_clone(task.repo, task.base_sha, repo)
+    # A copy of the task's pristine clone, kept beside the grades' work dirs (never mounted).
+    tracked = cached_clone(task.repo, task.base_sha, repo, work.parent / PRISTINE)
     # The repo's own modules, from the base tree: a patch deleting one leaves it the repo's.
-    own_modules = provenance.repo_modules(
-        git("ls-files", "-z", cwd=repo).split("\0"), grader.pythonpath
-    )
+    own_modules = provenance.repo_modules(tracked, grader.pythonpath)
     base_paths = tuple(p for p in changed_files(patch) if os.path.lexists(repo / p))
     try:
         apply_patch(repo, patch)
@@ -497,7 +498,11 @@ def _run_sealed(
         )
     built.copy_outputs(repo)  # what the build left in its repo (*.egg-info)
     _purge_bytecode(repo)
-    static = static_signals(repo, patch)  # before any code of the patch runs
+    # Read before any code of the patch runs; checked on another thread while the tests run.
+    static_read = read_patched(repo, patch)
+    static_pass = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="static-pass")
+    static_checked = static_pass.submit(check_read, static_read)
+    static_pass.shutdown(wait=False)
     files = hidden_files_for(experiment, task_id)
     mounts: list[Mount] = []
     hidden_digest: str | None = None
@@ -571,7 +576,7 @@ def _run_sealed(
     runner = grader_runner(grader.command)
     stream = parse_reporter(report_bytes) if report_bytes or runner == "hangar-grade" else None
     problems, signals = cross_check(junit, stream, expected_tests, result.timed_out)
-    signals = [*static, *signals]
+    signals = [*static_checked.result(), *signals]
     where: dict[str, dict[str, str]] = {}
     misplaced: list[str] = []
     if stream is not None and stream.modules is not None:

@@ -85,7 +85,18 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 
 def static_signals(repo: Path, patch: str) -> list[str]:
     """Signals for the constructs the patch adds to ``repo`` (the patched checkout), in order."""
-    out: list[str] = []
+    return check_read(read_patched(repo, patch))
+
+
+# What the static pass reads of the patched checkout: a signal already decided, or a .py file's
+# (path, bytes, the lines the patch added or None for all).
+Read = str | tuple[str, bytes, set[int] | None]
+
+
+def read_patched(repo: Path, patch: str) -> list[Read]:
+    """Everything the static pass needs of ``repo``, read now: the grader reads before any code
+    of the patch runs and checks (``check_read``) while the tests run."""
+    out: list[Read] = []
     for fd in file_diffs(patch):
         if fd.new_path is None:
             continue
@@ -104,6 +115,18 @@ def static_signals(repo: Path, patch: str) -> list[str]:
             continue
         if added is not None and not _lines_match(source, fd.lines):
             added = None  # applied at another offset than the hunk says: every line counts
+        out.append((path, source, added))
+    return out
+
+
+def check_read(read: list[Read]) -> list[str]:
+    """The signals of what ``read_patched`` read, in order."""
+    out: list[str] = []
+    for item in read:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        path, source, added = item
         for line, what in check_source(source, path, added):
             out.append(f"static: {path}:{line}: {what}")
     return out

@@ -12,7 +12,13 @@ import pytest
 from grading_builders import FIXED, HIDDEN, HIDDEN_WEAK, PatchMaker, experiment
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.grading.grader import base_check_log, check_base, grade_trial, run_grader
+from hangar_dagster.grading.grader import (
+    PRISTINE,
+    base_check_log,
+    check_base,
+    grade_trial,
+    run_grader,
+)
 from hangar_dagster.results.records import BaseCheckRecord, TrialRecord
 from hangar_dagster.settings import HangarPaths, paths
 from hangar_dagster.trials.canary import MASK
@@ -71,8 +77,9 @@ def hpaths(hangar_home: Path) -> HangarPaths:
 
 
 def work_is_clean(hp: HangarPaths) -> bool:
+    """No grade left its work dir behind (the pristine clones beside them are kept on purpose)."""
     root = hp.work / "grading"
-    return not root.exists() or not any(root.iterdir())
+    return not root.exists() or all(p.name == PRISTINE for p in root.iterdir())
 
 
 def test_valid_task_base_fails_and_reference_passes(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from grading_builders import experiment
 
-from hangar_dagster.grading.grader import run_grader
+from hangar_dagster.grading.grader import PRISTINE, run_grader
 from hangar_dagster.settings import HangarPaths, paths
 
 pytestmark = [pytest.mark.integration, pytest.mark.needs_sandbox("bwrap")]
@@ -85,3 +85,32 @@ def test_grader_command_environment_has_nothing_of_its_parent(
     monkeypatch.setenv("PYTHONPATH", "/planted/by/the/parent")
     passed, counts, output = grade_base(task_repo, hpaths, {"test_env.py": ENV_TEST}, PLAIN_PYTEST)
     assert passed is True and counts["passed"] == 2, output
+
+
+TAMPER_TEST = (
+    "import os\nfrom pathlib import Path\n\n\n"
+    "def test_tamper_with_the_checkout():\n"
+    "    repo = Path(os.environ['HANGAR_REPO'])\n"
+    "    (repo / 'calc.py').write_text('def add(a, b):\\n    return a + b\\n')\n"
+    "    (repo / 'planted.txt').write_text('left for the next grade')\n"
+    "    (repo / '.git' / 'config').write_text('[core]\\n\\tfsmonitor = planted\\n')\n"
+)
+PRISTINE_TEST = (
+    "import os\nfrom pathlib import Path\n\n\n"
+    "def test_the_checkout_is_the_base():\n"
+    "    repo = Path(os.environ['HANGAR_REPO'])\n"
+    "    assert (repo / 'calc.py').read_text() == 'def add(a, b):\\n    return a - b\\n'\n"
+    "    assert not (repo / 'planted.txt').exists()\n"
+    "    assert 'planted' not in (repo / '.git' / 'config').read_text()\n"
+)
+
+
+def test_what_a_grade_does_to_its_checkout_never_reaches_the_next_grade(
+    task_repo: tuple[Path, str], hpaths: HangarPaths
+) -> None:
+    # Every grade of a base copies one pristine clone kept beside the grades (gitrepo.cached_clone).
+    passed, _, output = grade_base(task_repo, hpaths, {"test_t.py": TAMPER_TEST}, "hangar-grade pytest -q")  # fmt: skip
+    assert passed is True, output
+    passed, counts, output = grade_base(task_repo, hpaths, {"test_p.py": PRISTINE_TEST}, "hangar-grade pytest -q")  # fmt: skip
+    assert passed is True and counts["passed"] == 1, output
+    assert len(list((hpaths.work / PRISTINE).iterdir())) == 1  # made once, copied twice

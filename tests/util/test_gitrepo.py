@@ -10,6 +10,7 @@ import pytest
 from hangar_dagster.util.gitrepo import (
     GitError,
     apply_patch,
+    cached_clone,
     changed_files,
     git,
     isolated_clone,
@@ -98,6 +99,51 @@ def test_isolated_clone_refuses_an_unknown_commit_and_an_existing_dest(
     (tmp_path / "c2").mkdir()
     with pytest.raises(FileExistsError):
         isolated_clone(str(up.path), up.base, tmp_path / "c2")
+
+
+def test_cached_clone_is_the_isolated_clone_copied_from_a_pristine_one(
+    up: Upstream, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first, second, plain = tmp_path / "c1", tmp_path / "c2", tmp_path / "plain"
+    assert cached_clone(str(up.path), up.base, first, cache) == ["calc.py", "old.txt"]
+    isolated_clone(str(up.path), up.base, plain)
+    # The same repository as a fresh isolated clone: base only, no remote, no later object.
+    assert git("rev-parse", "HEAD", cwd=first).strip() == up.base
+    assert git("status", "--porcelain", cwd=first) == ""
+    assert git("remote", cwd=first) == ""
+    assert all_objects(first) == all_objects(plain)
+    for sha in (up.later, up.answer_commit, up.answer_blob):
+        with pytest.raises(GitError):
+            git("cat-file", "-e", sha, cwd=first)
+    # Made once: the second copy comes from the same cache entry, the source is not read.
+    (entry,) = [p for p in cache.iterdir()]
+    shutil.rmtree(up.path)
+    assert cached_clone(str(up.path), up.base, second, cache) == ["calc.py", "old.txt"]
+    assert [p for p in cache.iterdir()] == [entry]
+    # Real copies: what a grade's code does to its copy never reaches the cache or another copy.
+    for f in second.rglob("*"):
+        if f.is_file():
+            assert f.stat().st_nlink == 1, f
+    (second / "calc.py").write_text("tampered\n")
+    (second / ".git" / "config").write_text("[core]\n\tfsmonitor = evil\n")
+    third = tmp_path / "c3"
+    cached_clone(str(up.path), up.base, third, cache)
+    assert (third / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+    assert "fsmonitor" not in (third / ".git" / "config").read_text()
+    assert (first / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+
+
+def test_cached_clone_refuses_an_existing_dest_and_keeps_no_half_entry(
+    up: Upstream, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    (tmp_path / "there").mkdir()
+    with pytest.raises(FileExistsError):
+        cached_clone(str(up.path), up.base, tmp_path / "there", cache)
+    with pytest.raises(GitError):
+        cached_clone(str(up.path), "0" * 40, tmp_path / "c1", cache)
+    assert list(cache.iterdir()) == []  # the failed clone left nothing to be copied later
 
 
 def test_take_patch_covers_edits_new_deleted_and_binary_files(up: Upstream, tmp_path: Path) -> None:
