@@ -10,8 +10,12 @@ tasks (median, durations), both variants, ``--trials`` each (25: 100 trials):
 2. the grader changes (``grader.timeout_s``) and ``hangar experiment regrade EXP --spec NEW``
    grades every stored patch again, no agent run.
 
+``--keep DIR`` keeps the home in DIR: run again with the same DIR, the first step is not run
+again (its wall time and experiment are read from DIR/run.json) and only a regrade is timed,
+each under another ``timeout_s`` (a regrade under a grader already regraded would go on with it).
+
 Prints both wall times, their ratio, the trials, and how many distinct patches the regrade
-graded (each once). The figures go into docs/performance.md ("Reuse and regrade").
+graded (each once). The figures go into docs/performance.md ("Regrade (issue 15 item 2)").
 """
 
 from __future__ import annotations
@@ -37,26 +41,40 @@ from tests.conftest import copy_example  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=25)
-    trials = parser.parse_args().trials
-    work = Path(tempfile.mkdtemp(prefix="hangar-regrade-bench-"))
+    parser.add_argument("--keep", type=Path, help="keep the home here; reuse its run if there")
+    args = parser.parse_args()
+    trials = args.trials
+    work = args.keep or Path(tempfile.mkdtemp(prefix="hangar-regrade-bench-"))
+    kept = work / "run.json"
     try:
-        ex = copy_example(work / "example")  # the tests' 3-task cut, its repos made
+        if not kept.exists():
+            shutil.rmtree(work / "example", ignore_errors=True)
+            shutil.rmtree(work / "home", ignore_errors=True)
+            copy_example(work / "example")
+        ex = work / "example"  # the tests' 3-task cut, its repos made
         data: dict[str, Any] = yaml.safe_load((ex / "experiment.yaml").read_text())
         data["tasks"] = [t for t in data["tasks"] if t["id"] in ("median", "durations")]
         data.update(trials=trials, reuse={"enabled": False})
         first = ex / "first.yaml"
         first.write_text(yaml.safe_dump(data))
-        data["grader"]["timeout_s"] = 301
+        done = json.loads(kept.read_text()) if kept.exists() else {"regrades": 0}
+        data["grader"]["timeout_s"] = 301 + done["regrades"]
         changed = ex / "changed.yaml"
         changed.write_text(yaml.safe_dump(data))
         home = work / "home"
 
-        started = time.monotonic()
-        ran = hangar(home, "experiment", "run", str(first), "--wait")
-        run_s = time.monotonic() - started
-        if ran.returncode != 0:
-            raise SystemExit(f"the run failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
-        eid = ran.stdout.split("submitted ")[1].split()[0]
+        if "eid" in done:
+            eid, run_s = done["eid"], done["run_s"]
+        else:
+            started = time.monotonic()
+            ran = hangar(home, "experiment", "run", str(first), "--wait")
+            run_s = time.monotonic() - started
+            if ran.returncode != 0:
+                raise SystemExit(f"the run failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
+            eid = ran.stdout.split("submitted ")[1].split()[0]
+        done |= {"eid": eid, "run_s": run_s, "regrades": done["regrades"] + 1}
+        if args.keep:
+            kept.write_text(json.dumps(done))
 
         started = time.monotonic()
         again = hangar(home, "experiment", "regrade", eid, "--spec", str(changed))
@@ -67,7 +85,8 @@ def main() -> None:
         old = json.loads(hangar(home, "experiment", "get", eid, "--json").stdout)
         got = json.loads(hangar(home, "experiment", "get", new, "--json").stdout)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     n = len(old["trials"])
     distinct = {(a["task"], a["patch_sha256"]) for a in old["attempts"]}
     agents = sum(1 for a in got["attempts"] if not a.get("reused_from"))

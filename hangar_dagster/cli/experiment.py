@@ -167,21 +167,11 @@ def resume_cmd(
     _drive(settings, exp, window_wait)
 
 
-def _intervals(report: Any) -> dict[str, str]:
-    """Variant -> its rate's 95% interval and n, for the summary table."""
-    return {
-        v.name: f"{v.rate.low_pts:.1f}-{v.rate.high_pts:.1f}; {v.rate.n_tasks}, {v.rate.n_trials}"
-        for v in report.variants
-        if v.rate is not None
-    }
-
-
-def _print_headline(report: Any, canary: str) -> None:
+def _print_headline(lines: list[str], canary: str) -> None:
     """Points with interval and n, the paired difference, invalid tasks, the readback."""
-    from hangar_dagster.results.summary import headline
     from hangar_dagster.trials.redact import redact
 
-    for line in headline(report):
+    for line in lines:
         style = "yellow" if line.startswith(("readback:", "invalid tasks")) else "bold"
         console.print(f"[{style}]{escape(str(redact(line, canary)))}[/]")
 
@@ -210,8 +200,14 @@ def _drive(settings: Settings, exp: Any, window_wait: bool = True) -> None:
 
     from hangar_dagster.cli.progress import Ticker, read_progress
     from hangar_dagster.orchestration.driver import Interrupted, StageFailed, drive
-    from hangar_dagster.results.report import build_report
-    from hangar_dagster.results.summary import unfinished
+    from hangar_dagster.results.report import build_report, report_dir
+    from hangar_dagster.results.summary import (
+        Terminal,
+        headline,
+        intervals,
+        read_terminal,
+        unfinished,
+    )
 
     p = settings.paths
     eid = exp.experiment_id
@@ -219,7 +215,7 @@ def _drive(settings: Settings, exp: Any, window_wait: bool = True) -> None:
     watch = store_of(p)  # the ticker's own reader, beside the stages' store
     try:
         with Ticker(console, lambda elapsed: read_progress(watch, eid, planned, elapsed)):
-            drive(
+            runs = drive(
                 exp,
                 store_of(p),
                 settings,
@@ -244,13 +240,21 @@ def _drive(settings: Settings, exp: Any, window_wait: bool = True) -> None:
         err.print(f"[red]{e}[/]")
         raise typer.Exit(EXIT_STAGE_FAILED) from None
     store = store_of(p)
-    report = build_report(exp, store)
-    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})", _intervals(report)))
-    _print_headline(report, exp.canary)
+    # The stages' last run is the index's: what it computed (report, readback, unfinished) is
+    # read back rather than built again; built here only when that file is not its.
+    said = read_terminal(report_dir(p, eid), runs[-1]) if runs else None
+    if said is None:
+        report = build_report(exp, store)
+        now = dt.datetime.now(dt.UTC)
+        said = Terminal(
+            "", intervals(report), headline(report), unfinished(exp, store, settings, now)
+        )
+    console.print(summary_table(store.summary(eid), f"{exp.name} ({eid})", said.intervals))
+    _print_headline(said.headline, exp.canary)
     if any(v.adapter == "standin" for v in exp.variants.values()):
         console.print(f"[yellow]{STANDIN_NOTE}[/]")
     where_next(p, eid)
-    if why := unfinished(exp, store, settings, dt.datetime.now(dt.UTC)):
+    if why := said.unfinished:
         for line in why:
             err.print(f"[red]incomplete:[/] {escape(line)}")
         err.print(
@@ -271,6 +275,7 @@ def get_cmd(
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.queue.starts import waiting_grades_note
     from hangar_dagster.results.report import build_report, to_json
+    from hangar_dagster.results.summary import headline, intervals
     from hangar_dagster.trials.redact import redact
 
     p = paths()
@@ -326,8 +331,8 @@ def get_cmd(
     for task, check in out["base_checks"].items():
         state = f"[red]invalid: {check['reason']}[/]" if check["invalid"] else "ok (fails on base)"
         console.print(f"  base check {task}: {state}")
-    console.print(summary_table(out["summary"], "summary", _intervals(report)))
-    _print_headline(report, canary)
+    console.print(summary_table(out["summary"], "summary", intervals(report)))
+    _print_headline(headline(report), canary)
     table = Table(title="trials (highest attempt per key)")
     for col in (
         "trial", "attempt", "outcome", "verify", "grade", "trust", "tests", "duration s", "source"

@@ -2,7 +2,7 @@
 failed, infra errors and time elapsed, read from the store while the stages run.
 
 The stages run in a worker thread (``orchestration.driver.drive``); ``Ticker`` reads the store
-from another one every ``interval_s`` and shows what it read. On a terminal it is one line that
+from another one every ``interval_s`` (less often when a read is slow) and shows what it read. On a terminal it is one line that
 rich redraws in place; piped (logs, CI) it is a plain ``progress:`` line each time a count
 changes, so a log shows it move without a line per tick.
 """
@@ -80,8 +80,13 @@ class Ticker:
             self.console.print(f"progress: {now.line()}", markup=False, highlight=False)
 
     def _run(self) -> None:
-        while not self.stop.wait(self.interval_s):
+        wait = self.interval_s
+        while not self.stop.wait(wait):
+            started = time.monotonic()
             self._tick()
+            # A read holds the store's lock, which the stages' writes wait for: reads that
+            # got slow (a busy store, many trials) come less often, for at most a tenth of it.
+            wait = max(self.interval_s, 9 * (time.monotonic() - started))
 
     def __enter__(self) -> Ticker:
         if self.console.is_terminal:

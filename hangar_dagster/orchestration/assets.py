@@ -29,6 +29,7 @@ from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.experiment.stage import StageRefused, check_spec, pin_variants, pins_version
 from hangar_dagster.grading.stage import run_base_checks, run_grades
 from hangar_dagster.orchestration import metadata as md
+from hangar_dagster.orchestration.checks import readback_result, readback_spec
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
     EVAL_POOL,
@@ -37,10 +38,10 @@ from hangar_dagster.orchestration.stages import (
     trial_key_of,
 )
 from hangar_dagster.queue.restarts import StartedMarker
-from hangar_dagster.results.records import GradeRecord
+from hangar_dagster.results.records import GradeRecord, GradeTestRecord
 from hangar_dagster.results.report import build_report, report_dir, write_report
 from hangar_dagster.results.report_trials import Evidence, page_path, write_trial_page
-from hangar_dagster.results.summary import summarize
+from hangar_dagster.results.summary import summarize, write_terminal
 from hangar_dagster.trials.stage import run_trials
 
 T = TypeVar("T")
@@ -218,15 +219,17 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         store = hangar.store()
         names = [k.key for k in graded]  # the run's own keys, not the experiment's
         latest = {t.trial_key: t for t in store.trials(exp.experiment_id, keys=names)}
+        # One read of the run's tests, not one per key (a query per partition cost seconds).
+        tests_of: dict[tuple[str, int], list[GradeTestRecord]] = {}
+        for t in store.grade_tests(exp.experiment_id, keys=names):
+            tests_of.setdefault((t.trial_key, t.attempt), []).append(t)
         url = hangar.settings().webserver_url
 
         def links(k: TrialKey, g: GradeRecord) -> md.TrialLinks | None:
             trial = latest.get(k.key)
             if trial is None or trial.attempt != g.attempt:
                 return None
-            tests = tuple(
-                t for t in store.grade_tests(exp.experiment_id, k.key) if t.attempt == g.attempt
-            )
+            tests = tuple(tests_of.get((k.key, g.attempt), ()))
             page = write_trial_page(
                 page_path(hangar.paths, exp.experiment_id, k.key),
                 f"{exp.name} ({exp.experiment_id})",
@@ -256,6 +259,7 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         deps=[grades],
         description="Per trial key the highest attempt with its grade; per variant the pass rate "
         "with its interval, the five lines and the report (report.html, figure.png).",
+        check_specs=[readback_spec(dg.AssetKey([prefix, "index"]))],
         group_name=group,
         tags=tags,
         kinds=md.KINDS,
@@ -265,10 +269,13 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
         store = hangar.store()
         summary = summarize(exp, store, hangar.settings(), dt.datetime.now(dt.UTC))
         report = build_report(exp, store)
-        written = write_report(report, report_dir(hangar.paths, exp.experiment_id), exp.canary)
+        out = report_dir(hangar.paths, exp.experiment_id)
+        written = write_report(report, out, exp.canary)
+        write_terminal(out, context.run.run_id, report, summary)
         return dg.MaterializeResult(
             metadata=md.index_metadata(summary, exp.canary)
-            | md.report_metadata(report, written, exp.canary)
+            | md.report_metadata(report, written, exp.canary),
+            check_results=[readback_result(report, exp.canary)],
         )
 
     def _trial_keys(context: dg.AssetExecutionContext) -> list[TrialKey]:

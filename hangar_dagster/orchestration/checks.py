@@ -1,17 +1,23 @@
-"""Asset checks: an invalid task and a flagged trial show in the UI's Checks tab, per partition.
+"""Asset checks: an invalid task shows in the UI's Checks tab per partition, flagged trials per run.
 
 - ``<exp>/base_checks`` (by task): ``base_must_fail`` and ``reference_must_pass``,
   blocking, ERROR when they fail. Failing, they fail the base_checks run (Dagster's
   blocking rule) and the eval queue leaves that task's trials out (``queue/starts.py``).
+  One result per partition of the run: the stage runs cover a partition range, and
+  ``dg.AssetCheckResult`` has no partition, so the results are ``dg.AssetCheckEvaluation``
+  events with their partition and the partition's materialization.
 - ``<exp>/grades`` (variant x task_rep): one WARN check per signal an eval engineer
-  scans for (``grading/verdicts.GRADE_SIGNALS``), never blocking.
+  scans for (``grading/verdicts.GRADE_SIGNALS``), never blocking, evaluated **once per run**
+  over the run's trials (``run_evaluations``): it fails when any of them raises the signal and
+  names those trials. Per partition it was five Dagster events per trial, which cost a
+  100-trial regrade more than its grading; each grade's own signals are on its
+  materialization's metadata.
 - ``<exp>/index``: ``readback``, WARN and never blocking: fails with one line per thing a
-  reader of the report could not read (``results/readback.py``), each with its fix.
+  reader of the report could not read (``results/readback.py``), each with its fix. The index
+  step evaluates it on the report it has just built and written (``readback_result``): the
+  report is built once per index run, not again in a check step of its own.
 
-Each check reads what its asset stored and reports one result per partition of
-its run: the stage runs cover a partition range, and ``dg.AssetCheckResult``
-has no partition, so the results are ``dg.AssetCheckEvaluation`` events with
-their partition and the partition's materialization. The verdicts themselves are
+Each check reads what its asset stored. The verdicts themselves are
 Dagster-free (``grading/verdicts.py``). Jobs that select an asset run its checks
 in the same run (``define_asset_job`` includes them), so jobs.py needs nothing.
 """
@@ -34,7 +40,7 @@ from hangar_dagster.grading.verdicts import (
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import partitions, trial_key_of
 from hangar_dagster.results.records import BaseCheckRecord
-from hangar_dagster.results.report import build_report
+from hangar_dagster.results.report import Report
 from hangar_dagster.trials.redact import redact
 
 R = TypeVar("R")
@@ -128,12 +134,61 @@ def evaluations(
         yield dg.Output(None, output_name=spec.get_python_identifier())
 
 
+# How many flagged trials a run-level check names in its metadata (the count is always whole).
+FLAGGED_SHOWN = 50
+
+
+def run_evaluations(
+    context: dg.AssetCheckExecutionContext,
+    asset_key: dg.AssetKey,
+    checks: Mapping[str, Callable[[R], Verdict]],
+    records: Mapping[str, R],
+    canary: str,
+) -> Iterator[dg.AssetCheckResult | dg.Output[None]]:
+    """One WARN result per selected check for the whole run: failed when any of the run's
+    ``records`` (trial key -> record) fails it, naming those trials. A run with no record
+    evaluates nothing. Once per run, not per partition: each evaluation is a Dagster event,
+    and a hundred partitions' five checks cost more than their grading (docs/performance.md)."""
+    for name, decide in checks.items():
+        if dg.AssetCheckKey(asset_key, name) not in context.selected_asset_check_keys:
+            continue
+        if not records:
+            yield dg.Output(
+                None, output_name=dg.AssetCheckSpec(name, asset=asset_key).get_python_identifier()
+            )
+            continue
+        flagged = {k: v for k, r in records.items() if not (v := decide(r)).passed}
+        shown = list(flagged.items())[:FLAGGED_SHOWN]
+        listed = "\n".join(f"- `{k}`: {v.description}" for k, v in shown)
+        more = len(flagged) - len(shown)
+        yield dg.AssetCheckResult(
+            asset_key=asset_key,
+            check_name=name,
+            passed=not flagged,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=redact(
+                f"{len(flagged)} of the run's {len(records)} trial(s): "
+                + ", ".join(k for k, _ in shown)
+                + (f" and {more} more" if more else "")
+                if flagged
+                else f"all {len(records)} trial(s) of the run",
+                canary,
+            ),
+            metadata={
+                "trials": len(records),
+                "flagged": len(flagged),
+                "flagged_trials": dg.MetadataValue.md(
+                    redact(listed + (f"\n- and {more} more" if more else ""), canary) or "none"
+                ),
+            },
+        )
+
+
 def build_experiment_checks(
     exp: ResolvedExperiment, assets: Sequence[dg.AssetsDefinition]
 ) -> list[dg.AssetChecksDefinition]:
     by_name = {a.key.path[-1]: a for a in assets}
     base_key, grades_key = by_name["base_checks"].key, by_name["grades"].key
-    index_key = by_name["index"].key
     _variants, tasks_def, trials_def = partitions(exp)
 
     @dg.multi_asset_check(
@@ -163,52 +218,49 @@ def build_experiment_checks(
     @dg.multi_asset_check(
         name=f"{exp.experiment_id}__grades_checks",
         specs=[
-            dg.AssetCheckSpec(name, asset=grades_key, description=what, partitions_def=trials_def)
+            dg.AssetCheckSpec(name, asset=grades_key, description=what)
             for name, (what, _decide) in GRADE_SIGNALS.items()
         ],
         can_subset=True,
     )
     def grades_checks(
         context: dg.AssetCheckExecutionContext, hangar: HangarResource
-    ) -> Iterator[dg.AssetCheckEvaluation | dg.Output[None]]:
-        # The grade of the attempt that counts, as the index picks it.
-        by_key = {g.trial_key: g for g in hangar.store().grades(exp.experiment_id)}
-        records = {
-            pk: by_key[k]
-            for pk in context.op_execution_context.partition_keys
-            if (k := trial_key_of(trials_def, pk).key) in by_key
+    ) -> Iterator[dg.AssetCheckResult | dg.Output[None]]:
+        # The grade of the attempt that counts, as the index picks it, of each key of the run.
+        names = {
+            trial_key_of(trials_def, pk).key for pk in context.op_execution_context.partition_keys
         }
-        yield from evaluations(
+        records = [g for g in hangar.store().grades(exp.experiment_id, keys=sorted(names))]
+        yield from run_evaluations(
             context,
             grades_key,
             {n: d for n, (_w, d) in GRADE_SIGNALS.items()},
-            records,
-            dg.AssetCheckSeverity.WARN,
-            blocking=False,
-            canary=exp.canary,
+            {g.trial_key: g for g in records},
+            exp.canary,
         )
 
-    @dg.asset_check(
-        asset=index_key,
-        name="readback",
-        description=READBACK,
-        blocking=False,
+    return [base_checks_checks, grades_checks]
+
+
+def readback_spec(index_key: dg.AssetKey) -> dg.AssetCheckSpec:
+    return dg.AssetCheckSpec("readback", asset=index_key, description=READBACK, blocking=False)
+
+
+def readback_result(report: Report, canary: str) -> dg.AssetCheckResult:
+    """The ``readback`` check's verdict on the report the index step wrote."""
+    lines = list(report.readback)
+    return dg.AssetCheckResult(
+        check_name="readback",
+        passed=not lines,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=redact("; ".join(lines) if lines else "the report reads clean", canary),
+        metadata={
+            "lines": len(lines),
+            "readback": dg.MetadataValue.md(
+                redact("\n".join(f"- {line}" for line in lines), canary) or "clean"
+            ),
+        },
     )
-    def readback_check(hangar: HangarResource) -> dg.AssetCheckResult:
-        lines = list(build_report(exp, hangar.store()).readback)
-        return dg.AssetCheckResult(
-            passed=not lines,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=redact("; ".join(lines) if lines else "the report reads clean", exp.canary),
-            metadata={
-                "lines": len(lines),
-                "readback": dg.MetadataValue.md(
-                    redact("\n".join(f"- {line}" for line in lines), exp.canary) or "clean"
-                ),
-            },
-        )
-
-    return [base_checks_checks, grades_checks, readback_check]
 
 
 READBACK = (

@@ -16,6 +16,10 @@ def build_experiment_jobs(
     # Trials and grades share a run: both are partitioned alike, and a grade follows its trial.
     selections = {stage: [by_name[stage]] for stage in STAGES}
     selections["trials"].append(by_name["grades"])
+    if exp.regrade_of is not None:
+        # A regrade's trials are stored copies that never run (experiment/regrade.py): its
+        # trials run only grades them. Each grade's metadata links the run that made its trial.
+        selections["trials"] = [by_name["grades"]]
     return [
         dg.define_asset_job(
             job_name(exp, stage),

@@ -363,12 +363,15 @@ class Store:
         return out
 
     def grade_tests(
-        self, experiment_id: str, trial_key: str | None = None
+        self, experiment_id: str, trial_key: str | None = None, keys: list[str] | None = None
     ) -> list[GradeTestRecord]:
-        """Per-test rows of an experiment's grades (every attempt), or of one trial key's."""
+        """Per-test rows of an experiment's grades (every attempt), or of one trial key's, or
+        of ``keys``' (one query for a run's keys)."""
         where, params = "experiment_id = ?", [experiment_id]
         if trial_key is not None:
             where, params = where + " AND trial_key = ?", [*params, trial_key]
+        if keys is not None:
+            where, params = where + " AND list_contains(?, trial_key)", [*params, keys]  # type: ignore[list-item]
         return self._records(
             GradeTestRecord,
             f"SELECT * FROM grade_tests WHERE {where} ORDER BY trial_key, attempt, test_id",
@@ -631,10 +634,13 @@ class EmbeddedStore(Store):
         (a marker stays where the tally missed its rows: the next read adds them)."""
         if not staged:
             return
+        by_table: dict[str, list[_Staged]] = {}
+        for s in staged:
+            by_table.setdefault(s.table.name, []).append(s)
         try:
             with self._db() as con:
-                for s in staged:
-                    self._insert(con, s.table, s.batch)
+                for same in by_table.values():  # one INSERT per table: each costs a plan
+                    self._insert(con, same[0].table, pa.concat_tables([s.batch for s in same]))
         except StoreUnavailable as e:
             names = sorted({s.table.name for s in staged})
             log.warning("%s; %s row(s) kept in Parquet only until the next sync", e, names)

@@ -4,7 +4,8 @@ and the headline lines a terminal prints from the report."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,3 +122,43 @@ def headline(report: Report) -> list[str]:
         )
     out += [f"readback: {line}" for line in report.readback]
     return out
+
+
+def intervals(report: Report) -> dict[str, str]:
+    """Variant -> its rate's 95% interval and n, for the summary table."""
+    return {
+        v.name: f"{v.rate.low_pts:.1f}-{v.rate.high_pts:.1f}; {v.rate.n_tasks}, {v.rate.n_trials}"
+        for v in report.variants
+        if v.rate is not None
+    }
+
+
+# What `run --wait` prints after the stages, as the index run computed it: the CLI reads it
+# back instead of building the report a second time (the index step has just built it).
+TERMINAL = "terminal.json"
+
+
+@dataclass(frozen=True)
+class Terminal:
+    run_id: str  # the index run that wrote it: the CLI reads only its own run's
+    intervals: dict[str, str]
+    headline: list[str]
+    unfinished: list[str]
+
+
+def write_terminal(out_dir: Path, run_id: str, report: Report, summary: IndexSummary) -> Path:
+    said = Terminal(run_id, intervals(report), headline(report), list(summary.unfinished))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path, tmp = out_dir / TERMINAL, out_dir / f".{TERMINAL}.tmp"
+    tmp.write_text(json.dumps(asdict(said)))
+    tmp.replace(path)
+    return path
+
+
+def read_terminal(out_dir: Path, run_id: str) -> Terminal | None:
+    """What index run ``run_id`` wrote for the terminal; None if another run's, or unreadable."""
+    try:
+        said = Terminal(**json.loads((out_dir / TERMINAL).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return said if said.run_id == run_id else None

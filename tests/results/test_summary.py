@@ -9,8 +9,15 @@ import pytest
 
 from hangar_dagster.experiment.submit import submit
 from hangar_dagster.queue.window import parse_window
+from hangar_dagster.results.report import build_report
 from hangar_dagster.results.store import Store
-from hangar_dagster.results.summary import summarize
+from hangar_dagster.results.summary import (
+    headline,
+    intervals,
+    read_terminal,
+    summarize,
+    write_terminal,
+)
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 
@@ -75,3 +82,31 @@ def test_an_ungraded_trial_keeps_the_experiment_incomplete_and_says_so(
     store.put(f.grade(first.variant, first.task, first.replicate, experiment_id=eid))
     done = summarize(exp, store, f.settings(parse_window("always")), NOW)
     assert (done.waiting_grades, done.complete, done.waiting_for) == (0, True, None)
+
+
+def test_the_terminal_file_is_what_the_report_says_and_read_only_by_its_own_run(
+    example_dir: Path, hangar_home: Path, tmp_path: Path
+) -> None:
+    exp = submit(example_dir / "experiment.yaml", Settings.from_env())
+    store = Store(paths())
+    eid = exp.experiment_id
+    first, *rest = exp.trial_keys()
+    store.put(f.attempt_of(eid, first.key, 1))  # ungraded: the experiment is not complete
+    for key in rest:
+        store.put(f.attempt_of(eid, key.key, 1))
+        store.put(f.grade(key.variant, key.task, key.replicate, experiment_id=eid))
+    report = build_report(exp, store)
+    summary = summarize(exp, store, f.settings(parse_window("always")), NOW)
+    write_terminal(tmp_path, "run-a", report, summary)
+    said = read_terminal(tmp_path, "run-a")
+    assert said is not None
+    assert said.headline == headline(report) and said.intervals == intervals(report)
+    assert said.intervals and said.headline  # the example's variants have rates
+    assert (
+        said.unfinished
+        == summary.unfinished
+        == ["1 trial waits for a grade; the pass rate is not final"]
+    )
+    # another run's file (an index run before this command's) is not read as this one's
+    assert read_terminal(tmp_path, "run-b") is None
+    assert read_terminal(tmp_path / "nowhere", "run-a") is None
