@@ -28,13 +28,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.reuse import run_wait  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "skills-ab"
 # Seconds the agent sleeps per task, in the example's task order: median 1.3, max 10 (last).
 SKEWED = [0.9, 1.3, 0.7, 1.2, 2.0, 1.3, 1.5, 4.0, 1.0, 10.0]
@@ -89,29 +92,6 @@ def make_spec(work: Path, name: str, trials: int, sleeps: dict[str, float] | Non
     return path
 
 
-def run(spec: Path, home: Path) -> tuple[float, str]:
-    env = {**os.environ, "HANGAR_HOME": str(home), "HANGAR_EVAL_WINDOW": "always"}
-    env.pop("DAGSTER_HOME", None)
-    hangar = Path(sys.executable).with_name("hangar")
-    start = time.perf_counter()
-    done = subprocess.run(
-        [str(hangar), "experiment", "run", str(spec), "--wait"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(
-            f"run failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        )
-    return wall, name_of(spec)
-
-
-def name_of(spec: Path) -> str:
-    return str(yaml.safe_load(spec.read_text())["name"])
-
-
 def measure(home: Path, name: str, slots: int) -> dict[str, float]:
     import duckdb
 
@@ -164,7 +144,8 @@ def main() -> None:
             sleeps = dict(zip(tasks, SKEWED, strict=True))
             spec = make_spec(work, "skewed", 3, sleeps)
             for label in ("skewed, no history", "skewed, with history"):
-                wall, name = run(spec, home)
+                _, wall = run_wait(home, spec)
+                name = str(yaml.safe_load(spec.read_text())["name"])
                 show(label, wall, measure(home, name, 3))
                 if label.endswith("no history"):
                     # the same pin set and tasks again, as a new experiment (new name)
@@ -173,7 +154,8 @@ def main() -> None:
                     spec.write_text(text)
         if args.mix in ("trivial", "both"):
             spec = make_spec(work, "trivial", 10, None)
-            wall, name = run(spec, home)
+            _, wall = run_wait(home, spec)
+            name = "trivial"
             show("trivial, 100 trials", wall, measure(home, name, 3))
     print(f"load average at end: {os.getloadavg()}")
 

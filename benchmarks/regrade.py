@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.reuse import hangar  # noqa: E402
+from benchmarks.reuse import hangar, run_wait  # noqa: E402
 from tests.conftest import copy_example  # noqa: E402
 
 
@@ -66,12 +66,7 @@ def main() -> None:
         if "eid" in done:
             eid, run_s = done["eid"], done["run_s"]
         else:
-            started = time.monotonic()
-            ran = hangar(home, "experiment", "run", str(first), "--wait")
-            run_s = time.monotonic() - started
-            if ran.returncode != 0:
-                raise SystemExit(f"the run failed ({ran.returncode}):\n{ran.stderr[-3000:]}")
-            eid = ran.stdout.split("submitted ")[1].split()[0]
+            eid, run_s = run_wait(home, first)
         done |= {"eid": eid, "run_s": run_s, "regrades": done["regrades"] + 1}
         if args.keep:
             kept.write_text(json.dumps(done))

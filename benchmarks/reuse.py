@@ -44,6 +44,18 @@ def hangar(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, check=False)
 
 
+def run_wait(home: Path, spec: Path) -> tuple[str, float]:
+    """``hangar experiment run SPEC --wait`` in ``home``: the experiment id and the wall time."""
+    started = time.monotonic()
+    result = hangar(home, "experiment", "run", str(spec), "--wait")
+    wall = time.monotonic() - started
+    if result.returncode != 0:
+        raise SystemExit(
+            f"{spec.name} failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
+    return result.stdout.split("submitted ")[1].split()[0], wall
+
+
 def prepare(work: Path, trials: int) -> dict[str, Path]:
     """The example's copy with its repos, a third lock in its registry, and the three specs."""
     ex = copy_example(work / "example")  # cut to 3 tasks, as the tests run it
@@ -56,12 +68,7 @@ def prepare(work: Path, trials: int) -> dict[str, Path]:
 
 
 def run(home: Path, spec: Path) -> dict[str, Any]:
-    started = time.monotonic()
-    result = hangar(home, "experiment", "run", str(spec), "--wait")
-    wall = time.monotonic() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{spec.name} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    eid = result.stdout.split("submitted ")[1].split()[0]
+    eid, wall = run_wait(home, spec)
     got = json.loads(hangar(home, "experiment", "get", eid, "--json").stdout)
     rows = got["attempts"]
     return {
