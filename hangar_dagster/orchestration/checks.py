@@ -230,7 +230,7 @@ def build_experiment_checks(
         names = {
             trial_key_of(trials_def, pk).key for pk in context.op_execution_context.partition_keys
         }
-        records = [g for g in hangar.store().grades(exp.experiment_id, keys=sorted(names))]
+        records = hangar.store().grades(exp.experiment_id, keys=sorted(names))
         yield from run_evaluations(
             context,
             grades_key,

@@ -13,6 +13,7 @@ from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.queue.starts import invalid_tasks, pending, waiting_grades_note, waiting_reason
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
+from hangar_dagster.util.fs import write_atomic
 
 if TYPE_CHECKING:
     from hangar_dagster.results.report import Report
@@ -148,10 +149,7 @@ class Terminal:
 
 def write_terminal(out_dir: Path, run_id: str, report: Report, summary: IndexSummary) -> Path:
     said = Terminal(run_id, intervals(report), headline(report), list(summary.unfinished))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path, tmp = out_dir / TERMINAL, out_dir / f".{TERMINAL}.tmp"
-    tmp.write_text(json.dumps(asdict(said)))
-    tmp.replace(path)
+    write_atomic(path := out_dir / TERMINAL, json.dumps(asdict(said)))
     return path
 
 
