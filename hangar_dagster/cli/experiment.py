@@ -274,7 +274,6 @@ def get_cmd(
     from hangar_dagster.experiment.catalog import read_archived
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.queue.starts import waiting_grades_note
-    from hangar_dagster.results.report import build_report, to_json
     from hangar_dagster.results.summary import headline, intervals
     from hangar_dagster.trials.redact import redact
 
@@ -284,25 +283,7 @@ def get_cmd(
     exp = load_resolved(p, record.experiment_id)
     canary = exp.canary
     archived = read_archived(p, record.experiment_id)
-    report = build_report(exp, store)
-    out = {
-        "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
-        "archived": None if archived is None else archived.model_dump(mode="json"),
-        # A shadow's experiment: the policy and the merge each task is (task id -> SHA).
-        "shadow": None if exp.shadow is None else exp.shadow.model_dump(mode="json"),
-        "pins": {
-            v: pin.model_dump(mode="json") for v, pin in store.pins(record.experiment_id).items()
-        },
-        "base_checks": {
-            t: c.model_dump(mode="json") for t, c in store.base_checks(record.experiment_id).items()
-        },
-        "summary": store.summary(record.experiment_id),
-        "trials": store.index(record.experiment_id),
-        "attempts": _attempts(store.trials(record.experiment_id, all_attempts=True)),
-        "notes": [n.model_dump(mode="json") for n in store.notes(record.experiment_id)],
-        "queue": _queue_state(exp, store, archived is not None),
-        "report": to_json(report),
-    }
+    out, report = experiment_state(exp, store, record, archived)
     out = redact(json.loads(json.dumps(out, default=str)), canary)
     if as_json:
         print(json.dumps(out, indent=2))
@@ -381,6 +362,37 @@ def get_cmd(
         )
     for note in queue["notes"]:
         console.print(f"  queue note: {note}")
+
+
+def experiment_state(
+    exp: Any, store: Any, record: Any, archived: Any
+) -> tuple[dict[str, Any], Any]:
+    """What `get` shows: the experiment's records, figures and queue state, and its report.
+
+    The queue is read first. Grades and trials are only ever added, so every read after it
+    sees at least what it counted: "complete" is never printed beside a summary read before
+    the last grade landed (a reader polling for "complete" took such a stale summary).
+    """
+    from hangar_dagster.results.report import build_report, to_json
+
+    eid = record.experiment_id
+    queue = _queue_state(exp, store, archived is not None)
+    report = build_report(exp, store)
+    out = {
+        "experiment": record.model_dump(mode="json", exclude={"spec_json"}),
+        "archived": None if archived is None else archived.model_dump(mode="json"),
+        # A shadow's experiment: the policy and the merge each task is (task id -> SHA).
+        "shadow": None if exp.shadow is None else exp.shadow.model_dump(mode="json"),
+        "pins": {v: pin.model_dump(mode="json") for v, pin in store.pins(eid).items()},
+        "base_checks": {t: c.model_dump(mode="json") for t, c in store.base_checks(eid).items()},
+        "summary": store.summary(eid),
+        "trials": store.index(eid),
+        "attempts": _attempts(store.trials(eid, all_attempts=True)),
+        "notes": [n.model_dump(mode="json") for n in store.notes(eid)],
+        "queue": queue,
+        "report": to_json(report),
+    }
+    return out, report
 
 
 def _source(row: dict[str, Any]) -> str:

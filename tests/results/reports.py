@@ -13,7 +13,7 @@ import yaml
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.stage import check_spec, pin_variants
 from hangar_dagster.experiment.submit import submit
-from hangar_dagster.results.records import GradeTestRecord
+from hangar_dagster.results.records import GradeRecord, GradeTestRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
@@ -70,6 +70,18 @@ def tests_of(eid: str, key: str, attempt: int, task: str, passed: bool) -> list[
     return out
 
 
+def graded_record(
+    eid: str, key: str, attempt: int, passed: bool, *, flagged: bool = False
+) -> GradeRecord:
+    """The grade ``stored`` writes for ``key``'s ``attempt``, with its per-test rows."""
+    variant, task, rep = key.split("/")
+    signals = ["tamper: conftest.py rewrites the report"] if flagged else []
+    grade = f.grade(
+        variant, task, int(rep), attempt, passed=passed, experiment_id=eid, tamper_signals=signals
+    )
+    return grade.with_tests(tests_of(eid, key, attempt, task, passed))
+
+
 def stored(
     spec: Path,
     outcomes: Mapping[str, Mapping[str, Sequence[bool]]] = DEMO,
@@ -78,12 +90,14 @@ def stored(
     infra_then_ok: Sequence[str] = (),
     infra_left: Sequence[str] = (),
     invalid: Mapping[str, str] | None = None,
+    ungraded: Sequence[str] = (),
 ) -> tuple[ResolvedExperiment, Store]:
     """Submit ``spec`` and store a trial and a grade per outcome.
 
     ``flagged``: trial keys whose pass carries a tamper signal; ``infra_then_ok``: trial keys
     whose first attempt was an infra error (retried); ``infra_left``: trial keys whose only
-    attempt is an infra error, with no grade; ``invalid``: task -> base check reason.
+    attempt is an infra error, with no grade; ``invalid``: task -> base check reason;
+    ``ungraded``: trial keys stored without their grade (``graded_record`` makes it).
     """
     settings = Settings.from_env()
     exp = submit(spec, settings)
@@ -142,17 +156,8 @@ def stored(
                         tokens_out=50,
                     )
                 )
-                signals = ["tamper: conftest.py rewrites the report"] if key in flagged else []
-                grade = f.grade(
-                    variant,
-                    task,
-                    rep,
-                    attempt,
-                    passed=passed,
-                    experiment_id=eid,
-                    tamper_signals=signals,
-                )
-                store.put(grade.with_tests(tests_of(eid, key, attempt, task, passed)))
+                if key not in ungraded:
+                    store.put(graded_record(eid, key, attempt, passed, flagged=key in flagged))
     for task in exp.tasks:
         reason = (invalid or {}).get(task)
         store.put(f.base_check(task, experiment_id=eid, invalid=reason is not None, reason=reason))
