@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,40 +116,51 @@ def tree(root: int) -> list[list[str]]:
     return [c for p in descendants(root) if (c := cmdline(p.pid))]
 
 
+def _runs(home: Path) -> list[tuple[str, str, dict[str, str]]]:
+    """(run id, status, tags) of every run in the home's Dagster run storage.
+
+    Read with sqlite3, read-only, never through a DagsterInstance: opening an instance creates
+    and stamps its storages, and one opened while the CLI creates them stamped the schedule
+    storage twice ("more than one head"; seen in CI). Before the CLI made the tables: none.
+    """
+    import sqlite3
+
+    db = home / "dagster" / "history" / "runs.db"
+    if not db.exists():
+        return []
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            runs = conn.execute("SELECT run_id, status FROM runs").fetchall()
+            tags = conn.execute("SELECT run_id, key, value FROM run_tags").fetchall()
+    except sqlite3.OperationalError:  # the tables not made yet, or a write holding the file
+        return []
+    by_run: dict[str, dict[str, str]] = {}
+    for run_id, key, value in tags:
+        by_run.setdefault(run_id, {})[key] = value
+    return [(run_id, status, by_run.get(run_id, {})) for run_id, status in runs]
+
+
 def in_flight(home: Path, experiment_id: str | None) -> list[tuple[str, str]]:
     """(run id, stage) of the experiment's runs in flight."""
-    import dagster as dg
-
     from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
 
-    if not (home / "dagster").exists():
-        return []
-    statuses = [
-        dg.DagsterRunStatus.NOT_STARTED,
-        dg.DagsterRunStatus.QUEUED,
-        dg.DagsterRunStatus.STARTING,
-        dg.DagsterRunStatus.STARTED,
-    ]
-    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
-        runs = instance.get_runs(dg.RunsFilter(statuses=statuses))
+    flying = {"NOT_STARTED", "QUEUED", "STARTING", "STARTED"}
     return [
-        (r.run_id, r.tags.get(TAG_STAGE, "?"))
-        for r in runs
-        if experiment_id is None or r.tags.get(TAG_EXPERIMENT) == experiment_id
+        (run_id, tags.get(TAG_STAGE, "?"))
+        for run_id, status, tags in _runs(home)
+        if status in flying and (experiment_id is None or tags.get(TAG_EXPERIMENT) == experiment_id)
     ]
 
 
 def index_done(home: Path, experiment_id: str) -> bool:
     """Whether the experiment's index run succeeded (its last stage: the experiment ended)."""
-    import dagster as dg
-
     from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
 
-    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
-        runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]))
     return any(
-        r.tags.get(TAG_EXPERIMENT) == experiment_id and r.tags.get(TAG_STAGE) == "index"
-        for r in runs
+        status == "SUCCESS"
+        and tags.get(TAG_EXPERIMENT) == experiment_id
+        and tags.get(TAG_STAGE) == "index"
+        for _, status, tags in _runs(home)
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from hangar_dagster.settings import DAGSTER_HOME_VAR, Settings
 
 SHIPPED_YAML = Path(__file__).parent / "dagster.yaml"
+STORAGES_MADE = ".storages-made"  # in the Dagster home: its storages exist
 
 
 def ensure_dagster_home(settings: Settings) -> Path:
@@ -26,4 +27,28 @@ def ensure_dagster_home(settings: Settings) -> Path:
         tmp = cfg.with_suffix(".tmp")
         tmp.write_text(SHIPPED_YAML.read_text())
         tmp.replace(cfg)
+    _make_storages(home)
     return home
+
+
+def _make_storages(home: Path) -> None:
+    """Create the instance's storages once, one process at a time.
+
+    An instance's first open creates and stamps its storages; two processes doing that at once
+    on a fresh home break it ("table jobs already exists", or two alembic heads): e.g. `hangar
+    ui` and `hangar experiment run` started together. The marker makes later opens free.
+    """
+    made = home / STORAGES_MADE
+    if made.exists():
+        return
+    import fcntl
+
+    import dagster as dg
+
+    with (home / ".storages.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if made.exists():  # another process made them while this one waited
+            return
+        with dg.DagsterInstance.from_config(str(home)):
+            pass
+        made.write_text("the Dagster storages of this home were made (hangar)\n")
