@@ -99,12 +99,28 @@ def resolve_base(repo: str, ref: str, timeout: float | None = None) -> str:
     raise GitError(f"{repo}: no commit, tag or branch named {ref!r}")
 
 
+# How long fetching a base may take: a real project's history over a slow link takes minutes,
+# a stalled remote would hold a trial's slot (or a grade's, a build's) forever.
+FETCH_TIMEOUT_S = 900.0
+
+
 def isolated_clone(repo: str, sha: str, dest: Path) -> None:
-    """Make ``dest`` a repository holding ``sha`` and its history only, checked out, with no remote."""
+    """Make ``dest`` a repository holding ``sha`` and its history only, checked out, with no
+    remote; GitError if the fetch runs past ``FETCH_TIMEOUT_S``."""
     dest.mkdir(parents=True, exist_ok=False)
     git("init", "-q", "-b", "hangar-base", str(dest))
     # Fetching by SHA transfers that commit's closure only; no refs come along.
-    git("-c", "uploadpack.allowAnySHA1InWant=true", "fetch", "-q", "--no-tags", repo, sha, cwd=dest)
+    git(
+        "-c",
+        "uploadpack.allowAnySHA1InWant=true",
+        "fetch",
+        "-q",
+        "--no-tags",
+        repo,
+        sha,
+        cwd=dest,
+        timeout=FETCH_TIMEOUT_S,
+    )
     git("reset", "-q", "--hard", sha, cwd=dest)
     (dest / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
     git("reflog", "expire", "--expire=now", "--all", cwd=dest)

@@ -251,3 +251,21 @@ def test_a_patch_keeps_crlf_line_ends(up: Upstream, tmp_path: Path) -> None:
     isolated_clone(str(up.path), up.base, other)
     apply_patch(other, patch)
     assert (other / "win.txt").read_bytes() == b"one\r\ntwo\r\n"
+
+
+def test_a_clone_from_a_remote_that_never_answers_stops_at_its_time_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A trial's clone (and a grade's, a build's) fetching from a stalled remote would hold its
+    slot forever: the fetch has a time limit (then GitError, which a trial reports as an
+    infra error, clone)."""
+    from hangar_dagster.util import gitrepo
+
+    monkeypatch.setattr(gitrepo, "FETCH_TIMEOUT_S", 1)
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 30;:")  # an ssh transport that never answers
+    with pytest.raises(gitrepo.GitError, match="ran past 1 s"):
+        gitrepo.isolated_clone("ssh://hangar-test.invalid/repo.git", "a" * 40, tmp_path / "c")
+    with pytest.raises(gitrepo.GitError, match="ran past 1 s"):
+        gitrepo.cached_clone(
+            "ssh://hangar-test.invalid/repo.git", "a" * 40, tmp_path / "d", tmp_path / "cache"
+        )
