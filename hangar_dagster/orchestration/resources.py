@@ -56,6 +56,8 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     k8s_shared_claim: str = ""
     k8s_shared_path: str = ""
     k8s_pod_name: str = ""
+    # A webserver started elsewhere, asked to reload when a tick submits (HANGAR_WEBSERVER_URL).
+    webserver_url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HangarResource:
@@ -87,6 +89,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             k8s_shared_claim=settings.k8s_shared_claim,
             k8s_shared_path=settings.k8s_shared_path,
             k8s_pod_name=settings.k8s_pod_name,
+            webserver_url=settings.webserver_url,
         )
 
     def settings(self) -> Settings:
@@ -120,6 +123,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             k8s_shared_claim=self.k8s_shared_claim,
             k8s_shared_path=self.k8s_shared_path,
             k8s_pod_name=self.k8s_pod_name,
+            webserver_url=self.webserver_url,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -348,7 +348,8 @@ def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.S
 def build_shadow_sensor() -> dg.SensorDefinition:
     """``shadow_merges``: each tick looks at every registered shadow policy's mainline and
     submits the kept merges as a shadow experiment for the driver (shadow/tick.py). It requests
-    no run itself: the experiment_driver sensor runs the experiment once the location loaded it."""
+    no run itself: the experiment_driver sensor runs the experiment once the location loaded it
+    (the webserver is asked to reload it, as for any submit)."""
 
     @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
     def shadow_merges(
@@ -361,6 +362,12 @@ def build_shadow_sensor() -> dg.SensorDefinition:
         results = shadow_tick(settings, dt.datetime.now(dt.UTC))
         for r in results:
             context.log.info(r.said)
+        if any(r.experiment_id for r in results):
+            # Its jobs load with the code location: ask the webserver to reload it, as the
+            # nightly schedule and `hangar experiment run` do.
+            from hangar_dagster.cli.ui import notify_webserver
+
+            notify_webserver(settings)
         yield dg.SkipReason(
             "; ".join(r.said for r in results)
             or "no shadow policy is registered (`hangar shadow register POLICY.yaml`)"

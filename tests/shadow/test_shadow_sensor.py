@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -22,6 +23,7 @@ from hangar_dagster.util.gitrepo import git
 from tests import factories as f
 from tests.conftest import hangar
 from tests.shadowfixtures import Mainline, hidden_test, standin_candidate
+from tests.stall import Stall
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +42,10 @@ def skip(data: dg.SensorExecutionData) -> str:
 
 
 def test_the_sensor_shadows_new_merges_and_grades_the_kept_ones(
-    tmp_path: Path, hangar_home: Path
+    tmp_path: Path,
+    hangar_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     repo = Mainline(tmp_path)
     start = repo.head()
@@ -112,6 +117,9 @@ def test_the_sensor_shadows_new_merges_and_grades_the_kept_ones(
     assert said.returncode == 0, said.stderr
     assert f"from {start[:12]}" in said.stdout
 
+    webserver = Stall()  # a webserver started elsewhere (HANGAR_WEBSERVER_URL)
+    request.addfinalizer(webserver.close)
+    monkeypatch.setenv("HANGAR_WEBSERVER_URL", webserver.url)
     settings = Settings.from_env()
     defs = build_definitions(settings)
     with dg.instance_for_test() as instance:
@@ -122,6 +130,11 @@ def test_the_sensor_shadows_new_merges_and_grades_the_kept_ones(
             "calc: 6 new merge(s) on main, 4 kept; submitted 4 as experiment shadow_calc_"
             in said_tick
         )
+        # The webserver started elsewhere is asked to load the new experiment, in the background.
+        deadline = time.monotonic() + 30
+        while b"reloadRepositoryLocation" not in webserver.received:
+            assert time.monotonic() < deadline, "the sensor never asked for a reload"
+            time.sleep(0.2)
         # A tick evaluated again looks from the moved cursor: nothing is submitted twice.
         assert "no new merge on main" in skip(tick(defs, instance, "shadow_merges"))
 
