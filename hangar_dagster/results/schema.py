@@ -243,33 +243,46 @@ _HIDDEN = ("total", "passed", "failed", "errors", "skipped")
 
 # The one place the "highest attempt of a trial key counts" rule lives: Python reads
 # of the latest trials/grades join this view, and variant_summary is built on it. Written for a
-# million rows: an attempt is left out when a higher one of its key is stored, found in a narrow
-# aggregate over the retried keys only (attempt > 1: about a tenth), not by a window over the
-# joined wide rows; and a grade's hidden-test counts come from one parse of its JSON, not one
-# per count (docs/performance.md, "The results store at scale"; tests/results/test_views.py
-# checks both against the plain definitions).
+# million rows (docs/performance.md, "The results store at scale"; tests/results/test_views.py
+# checks it against the plain definition):
+# - an attempt is left out when a higher one of its key is stored, found in a narrow aggregate
+#   over the retried keys only (attempt > 1: about a tenth), not by a window over the joined
+#   wide rows;
+# - the grades are joined before that anti-join, so the join builds its hash table from the
+#   grades (the key, eight columns, five counts) and streams the wide trial rows through it;
+#   joined after it, DuckDB built the table from the trials' twenty columns (most of the time);
+# - a grade's hidden-test counts come from one parse of its JSON, cast to BIGINT before the
+#   join (five integers in the hash table, not a list of strings).
+_GRADE_COLUMNS = (
+    "passed, trust, hidden_tests, task_invalid, contamination, tamper_signals, grader_digest, "
+    "regrade_of"
+)
 INDEX_VIEW = f"""CREATE OR REPLACE VIEW experiment_index AS
 SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
   g.passed, g.trust, g.hidden_tests,
-  {", ".join(f"CAST(g.hidden[{i}] AS BIGINT) AS hidden_{k}" for i, k in enumerate(_HIDDEN, 1))},
+  {", ".join(f"g.hidden_{k}" for k in _HIDDEN)},
   (coalesce(g.task_invalid, false) OR coalesce(b.invalid, false)) AS task_invalid,
   g.contamination, g.tamper_signals,
   t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin,
   t.reused_from, g.grader_digest, g.regrade_of,
   coalesce(t.source, 'experiment') AS source, t.shadow_of
 FROM trials t
+LEFT JOIN (
+  SELECT experiment_id, trial_key, attempt, {_GRADE_COLUMNS},
+    {", ".join(f"CAST(hidden[{i}] AS BIGINT) AS hidden_{k}" for i, k in enumerate(_HIDDEN, 1))}
+  FROM (
+    SELECT *, json_extract_string(hidden_tests, [{", ".join(f"'$.{k}'" for k in _HIDDEN)}])
+      AS hidden
+    FROM grades)
+) g
+  ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
 ANTI JOIN (
   SELECT experiment_id, trial_key, max(attempt) AS top FROM trials WHERE attempt > 1
   GROUP BY experiment_id, trial_key
 ) later
   ON later.experiment_id = t.experiment_id AND later.trial_key = t.trial_key
   AND t.attempt < later.top
-LEFT JOIN (
-  SELECT *, json_extract_string(hidden_tests, [{", ".join(f"'$.{k}'" for k in _HIDDEN)}]) AS hidden
-  FROM grades
-) g
-  ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
 LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task"""
 
 # retries.evidence_class in SQL (tests/queue/test_retries.py checks they agree): a ran trial
