@@ -35,6 +35,7 @@ import argparse
 import datetime as dt
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -319,6 +320,7 @@ def main() -> None:
                 )
             finally:
                 cluster.stop()
+                shutil.rmtree(root, ignore_errors=True)  # the cluster's data (tens of MB)
     print(f"load average at end: {os.getloadavg()}")
     print(
         f"{args.rows:,} trial rows and their grades ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC); "
