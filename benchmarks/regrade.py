@@ -14,7 +14,8 @@ tasks (median, durations), both variants, ``--trials`` each (25: 100 trials):
 again (its wall time and experiment are read from DIR/run.json) and only a regrade is timed,
 each under another ``timeout_s`` (a regrade under a grader already regraded would go on with it).
 
-Prints both wall times, their ratio, the trials, and how many distinct patches the regrade
+Prints both wall times with their CPU seconds (the CLI and its children) and the load average
+at each one's start and end, their ratio, the trials, and how many distinct patches the regrade
 graded (each once). The figures go into docs/performance.md ("Regrade (issue 15 item 2)").
 """
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -64,16 +67,22 @@ def main() -> None:
         home = work / "home"
 
         if "eid" in done:
-            eid, run_s = done["eid"], done["run_s"]
+            eid, run_s, run_cpu = done["eid"], done["run_s"], done.get("run_cpu")
         else:
+            cpu = children_cpu()
+            load = os.getloadavg()[0]
             eid, run_s = run_wait(home, first)
-        done |= {"eid": eid, "run_s": run_s, "regrades": done["regrades"] + 1}
+            run_cpu = children_cpu() - cpu
+            print(f"rerun: load {load:.1f} at its start, {os.getloadavg()[0]:.1f} at its end")
+        done |= {"eid": eid, "run_s": run_s, "run_cpu": run_cpu, "regrades": done["regrades"] + 1}
         if args.keep:
             kept.write_text(json.dumps(done))
 
-        started = time.monotonic()
+        started, cpu, load = time.monotonic(), children_cpu(), os.getloadavg()[0]
         again = hangar(home, "experiment", "regrade", eid, "--spec", str(changed))
         regrade_s = time.monotonic() - started
+        regrade_cpu = children_cpu() - cpu
+        print(f"regrade: load {load:.1f} at its start, {os.getloadavg()[0]:.1f} at its end")
         if again.returncode != 0:
             raise SystemExit(f"the regrade failed ({again.returncode}):\n{again.stderr[-3000:]}")
         new = again.stdout.split("submitted ")[1].split(":")[0]
@@ -88,11 +97,21 @@ def main() -> None:
     same = {r["variant"]: r["pass_rate_pts"] for r in old["summary"]} == {
         r["variant"]: r["pass_rate_pts"] for r in got["summary"]
     }
-    print(f"run --wait of {n} trials (= running them again): {run_s:7.1f} s")
-    print(f"regrade of the {n} stored patches:             {regrade_s:7.1f} s")
+    cpu_said = f"{run_cpu:7.1f} s CPU" if run_cpu is not None else "(CPU not recorded)"
+    print(f"run --wait of {n} trials (= running them again): {run_s:7.1f} s, {cpu_said}")
+    print(
+        f"regrade of the {n} stored patches:             {regrade_s:7.1f} s, {regrade_cpu:7.1f} s CPU"
+    )
     print(f"regrade / rerun: {regrade_s / run_s:.3f}   (goal: under 0.10)")
     print(f"distinct patches graded: {len(distinct)}; agent runs in the regrade: {agents}")
     print(f"pass rates unchanged by a timeout-only grader change: {same}")
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of the ended child processes (the CLI and what it waited for:
+    the grader and sandbox runs); the machine is shared, so CPU is reported beside wall."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 if __name__ == "__main__":

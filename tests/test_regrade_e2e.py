@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
@@ -20,6 +21,8 @@ from hangar_dagster.cli.main import app
 from hangar_dagster.experiment.submit import load_resolved, submit
 from hangar_dagster.grading import grader as grader_module
 from hangar_dagster.grading.stage import run_base_checks, run_grades
+from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+from hangar_dagster.orchestration.status import read_run_status
 from hangar_dagster.results.report import build_report, to_markdown
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
@@ -99,6 +102,18 @@ def test_regrade_grades_the_stored_patches_under_the_new_grader_and_runs_no_agen
     assert len(graded) == len({d for d in distinct if d[0] == "median"})
     assert {g.trial_key: g for g in store.grades(new.experiment_id) if g.trial_key in kept} == kept
     assert agents == []  # no agent's sandbox was asked for, in either run
+    # Each command took three Dagster runs, not five (stages.stage_assets): the spec in the pin
+    # sets' run, the base checks' (failed: slugify is invalid now, and the regrade goes on),
+    # and one that grades and writes the index (the crashed one failed before its index step).
+    with dg.DagsterInstance.from_config(str(settings.dagster_home)) as instance:
+        records = instance.get_run_records(dg.RunsFilter(tags={TAG_EXPERIMENT: new.experiment_id}))
+        index = instance.get_latest_materialization_event(dg.AssetKey([new.experiment_id, "index"]))
+        indexed = read_run_status(instance).indexed_at  # what `experiment list` shows
+    runs = [r.dagster_run for r in records[::-1]]  # oldest first
+    assert [r.tags[TAG_STAGE] for r in runs] == ["pin_sets", "base_checks", "trials"] * 2
+    assert [r.status == dg.DagsterRunStatus.SUCCESS for r in runs[2::3]] == [False, True]
+    assert index is not None and index.run_id == runs[-1].run_id
+    assert indexed[new.experiment_id].timestamp() == records[0].end_time
 
     # the base checks ran again for the new grader: slugify's hidden tests now pass on its base
     checks = store.base_checks(new.experiment_id)

@@ -6,7 +6,7 @@ eval-queue work. ``run_stages`` executes the
 stages in this process against the shared instance (``hangar experiment run
 --wait``): the setup stages once, then trials runs while the queue has work
 for the experiment (waiting for the eval window when it is closed), then the
-index. The ``experiment_driver`` sensor walks the same stages through the
+index unless the last run wrote it (a regrade's trials run does: ``stages.stage_assets``). The ``experiment_driver`` sensor walks the same stages through the
 daemon instead (no ``--wait``).
 """
 
@@ -26,7 +26,7 @@ import dagster as dg
 from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.instance import ensure_dagster_home
-from hangar_dagster.orchestration.stages import SETUP_STAGES, job_name, stage_tags
+from hangar_dagster.orchestration.stages import job_name, setup_stages, stage_tags, writes_index
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
 from hangar_dagster.queue.starts import (
@@ -102,14 +102,17 @@ def run_stages(
     blocker, leaving the trials pending: the CLI's ``--no-window-wait``).
     """
     run_ids: list[str] = []
+    indexed = False  # the last run wrote the index (a regrade's trials run does)
 
     def execute(stage: str, due: list[TrialKey] | None = None) -> None:
+        nonlocal indexed
         if why := interrupted():
             raise Interrupted(why)
         job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
         tags = stage_tags(exp, stage, due) | {TAG_CREATOR: creator_tag()}
         result = dg.execute_job(job, instance, run_config=QUIET, tags=tags, raise_on_error=False)
         run_ids.append(result.run_id)
+        indexed = result.success and writes_index(exp, stage)
         if why := interrupted():  # the run ended early because of it: say that, not its status
             raise Interrupted(why)
         if result.success:
@@ -120,7 +123,7 @@ def run_stages(
             return
         raise StageFailed(stage, result.run_id)
 
-    for stage in SETUP_STAGES:
+    for stage in setup_stages(exp):
         execute(stage)
     window = settings.window
 
@@ -156,7 +159,8 @@ def run_stages(
         execute("trials", work.grades if why else work.keys + work.grades)
         if progress() == before:
             break  # nothing could start (e.g. the window closed as the run began): don't spin
-    execute("index")
+    if not indexed:
+        execute("index")
     return run_ids
 
 

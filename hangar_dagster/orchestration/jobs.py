@@ -5,21 +5,18 @@ from __future__ import annotations
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
-from hangar_dagster.orchestration.stages import STAGES, job_name, job_tags
+from hangar_dagster.orchestration.stages import job_name, job_tags, stage_assets
 
 
 def build_experiment_jobs(
     exp: ResolvedExperiment, assets: list[dg.AssetsDefinition]
 ) -> list[dg.UnresolvedAssetJobDefinition]:
-    """One job per stage; each stage is one run over all its partitions (in-process: no per-step process)."""
+    """One job per stage (``stages.stage_assets``); each stage is one run over all its
+    partitions (in-process: no per-step process)."""
     by_name = {a.key.path[-1]: a for a in assets}
-    # Trials and grades share a run: both are partitioned alike, and a grade follows its trial.
-    selections = {stage: [by_name[stage]] for stage in STAGES}
-    selections["trials"].append(by_name["grades"])
-    if exp.regrade_of is not None:
-        # A regrade's trials are stored copies that never run (experiment/regrade.py): its
-        # trials run only grades them. Each grade's metadata links the run that made its trial.
-        selections["trials"] = [by_name["grades"]]
+    selections = {
+        stage: [by_name[name] for name in names] for stage, names in stage_assets(exp).items()
+    }
     return [
         dg.define_asset_job(
             job_name(exp, stage),

@@ -100,7 +100,7 @@ def open_decision(
             f"{eid}: its {stage} run {busy.dagster_run.run_id} is in flight; "
             "the experiment_driver sensor goes on once it ends"
         )
-    gap = setup_gap(runs)
+    gap = setup_gap(exp, runs)
     if gap is not None:
         stage, last = gap
         state = "has not run" if last is None else f"ended {last.dagster_run.status.value}"

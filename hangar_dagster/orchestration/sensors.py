@@ -25,11 +25,12 @@ from hangar_dagster.experiment.catalog import DAEMON_MARKER, active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
-    SETUP_STAGES,
     TAG_EXPERIMENT,
     TAG_STAGE,
     job_name,
+    setup_stages,
     stage_tags,
+    writes_index,
 )
 from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.liveness import (
@@ -190,9 +191,9 @@ def ended_runs(
     return out
 
 
-def setup_gap(runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
+def setup_gap(exp: ResolvedExperiment, runs: StageRuns) -> tuple[str, dg.RunRecord | None] | None:
     """The first setup stage whose latest run did not succeed, with that run (None: never ran)."""
-    for stage in SETUP_STAGES:
+    for stage in setup_stages(exp):
         done = runs.get(stage, [])
         if not done:
             return stage, None
@@ -233,7 +234,7 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
         if busy is not None:
             out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
             continue
-        gap = setup_gap(runs)
+        gap = setup_gap(exp, runs)
         if gap is not None and gap[0] == "base_checks" and gap[1] is not None:
             # Failed on a blocking check (an invalid task) once every task was checked: go on.
             gap = None if base_checks_stored(exp, store) else gap
@@ -270,10 +271,16 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
                     out.requests.append(_request(exp, "trials", len(trials_runs) + 1, due))
                     continue
                 out.waiting.append(f"{exp.experiment_id}: {why}")
-        index_runs = runs.get("index", [])
         # The index follows every trials run, and is written once more when nothing else can run.
+        # A regrade's trials run writes it itself (stages.stage_assets): only when that failed.
+        indexed = runs.get("index", []) + [
+            r
+            for r in trials_runs
+            if writes_index(exp, "trials") and r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+        ]
         if trials_runs and (
-            not index_runs or index_runs[0].create_timestamp < trials_runs[0].create_timestamp
+            not indexed
+            or max(r.create_timestamp for r in indexed) < trials_runs[0].create_timestamp
         ):
             out.requests.append(_request(exp, "index", len(trials_runs)))
     return out

@@ -24,12 +24,51 @@ TAG_TRIALS_OF = "hangar/trials_of"
 # The Dagster pool of the trials step: its limit, in the instance, is the eval share of the
 # whole cluster, for queued runs and `run --wait`'s in-process ones alike (docs/queue.md).
 EVAL_POOL = "hangar_eval"
+# Every run that writes the index carries it: the index's own and a regrade's trials run.
+TAG_INDEX = "hangar/index"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 
 
 def job_name(exp: ResolvedExperiment, stage: str) -> str:
     return f"{exp.experiment_id}__{stage}_job"
+
+
+def stage_assets(exp: ResolvedExperiment) -> dict[str, tuple[str, ...]]:
+    """Each stage of ``exp`` that has a job, with the assets its run materializes, in order.
+
+    Trials and grades share a run: both are partitioned alike, and a grade follows its trial.
+    A regrade runs in as few runs as Dagster allows (one run covers one partition range, and a
+    job may not select assets of different partitions definitions): its spec joins the pin
+    sets' run (by variant), its base checks have their own (by task), and its trials run, which
+    never runs a trial (its trials are stored copies, experiment/regrade.py), grades and
+    writes the index: three runs, not five. Its index job stays for an index run alone (the
+    trials run's index step failed, or nothing was left to grade).
+    """
+    if exp.regrade_of is None:
+        return {
+            "spec": ("spec",),
+            "pin_sets": ("pin_sets",),
+            "base_checks": ("base_checks",),
+            "trials": ("trials", "grades"),
+            "index": ("index",),
+        }
+    return {
+        "pin_sets": ("spec", "pin_sets"),
+        "base_checks": ("base_checks",),
+        "trials": ("grades", "index"),
+        "index": ("index",),
+    }
+
+
+def setup_stages(exp: ResolvedExperiment) -> tuple[str, ...]:
+    """The stages run once, in order, before any trials run."""
+    return tuple(s for s in stage_assets(exp) if s in SETUP_STAGES)
+
+
+def writes_index(exp: ResolvedExperiment, stage: str) -> bool:
+    """Whether a successful run of ``stage`` wrote the experiment's index (and report)."""
+    return "index" in stage_assets(exp).get(stage, ())
 
 
 def partitions(
@@ -62,6 +101,8 @@ def partition_key_of(key: TrialKey) -> dg.MultiPartitionKey:
 def job_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
     """The tags every run of a stage's job carries, however it is launched."""
     tags = {TAG_EXPERIMENT: exp.experiment_id, TAG_STAGE: stage}
+    if writes_index(exp, stage):
+        tags[TAG_INDEX] = "true"
     if stage == "trials":
         tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
         tags[TAG_TRIALS_OF] = exp.experiment_id

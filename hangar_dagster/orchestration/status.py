@@ -1,7 +1,7 @@
 """What the Dagster instance says about experiments, in plain Python types for the CLI.
 
 ``hangar experiment list`` needs two facts only Dagster knows: which experiments have a
-run in flight, and when each one's index was last written. Both come from two run
+run in flight, and when each one's index was last written. Both come from three run
 queries over the whole instance, however many experiments are stored.
 """
 
@@ -14,7 +14,7 @@ import dagster as dg
 
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.sensors import IN_FLIGHT, describe_run
-from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_INDEX, TAG_STAGE
 from hangar_dagster.settings import Settings
 
 
@@ -30,8 +30,15 @@ def read_run_status(instance: dg.DagsterInstance) -> RunStatus:
         exp = record.dagster_run.tags.get(TAG_EXPERIMENT)
         if exp is not None:
             out.in_flight.setdefault(exp, describe_run(record))
-    done = dg.RunsFilter(tags={TAG_STAGE: "index"}, statuses=[dg.DagsterRunStatus.SUCCESS])
-    for record in instance.get_run_records(done):
+    # Index runs, and the runs that write the index besides (a regrade's trials run).
+    records = [
+        r
+        for tags in ({TAG_STAGE: "index"}, {TAG_INDEX: "true"})
+        for r in instance.get_run_records(
+            dg.RunsFilter(tags=tags, statuses=[dg.DagsterRunStatus.SUCCESS])
+        )
+    ]
+    for record in records:
         exp = record.dagster_run.tags.get(TAG_EXPERIMENT)
         if exp is None or record.end_time is None:
             continue

@@ -23,6 +23,7 @@ from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
 from tests import factories as f
 from tests.conftest import killed_worker, recorded_worker, ui_lock_holder
+from tests.reusefixtures import finished_first, spec_file
 
 pytestmark = pytest.mark.integration
 
@@ -390,3 +391,36 @@ def test_under_the_deployments_launcher_a_dead_cli_run_is_ended_and_a_launched_o
             launched: dg.DagsterRunStatus.STARTED,
             cli: dg.DagsterRunStatus.FAILURE,
         }
+
+
+def test_a_daemon_driven_regrade_takes_three_runs_its_trials_run_writing_the_index(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    old, store = finished_first(example_dir, "rg-daemon-first")
+    settings = Settings.from_env()
+    new = submit(
+        spec_file(example_dir, "rg-daemon", {"grader.timeout_s": 200}), settings, regrade=old
+    )
+    (paths().experiment_dir(new.experiment_id) / DAEMON_MARKER).touch()
+    eid = new.experiment_id
+    now = dt.datetime.now(dt.UTC)
+    with dg.instance_for_test() as instance:
+
+        def asked() -> list[str]:
+            return [r.job_name or "" for r in decide(instance, settings, now).requests]
+
+        # no spec job: the spec is materialized in the pin sets' run (stages.stage_assets)
+        assert asked() == [f"{eid}__pin_sets_job"]
+        stage_run(instance, new, "pin_sets")
+        assert asked() == [f"{eid}__base_checks_job"]
+        stage_run(instance, new, "base_checks")
+        assert asked() == [f"{eid}__trials_job"]  # it grades the stored patches
+        for key in new.trial_keys():
+            v, t, r = key.key.split("/")
+            store.put(f.grade(v, t, int(r), experiment_id=eid))
+        # a trials run that failed skipped its index step: the index runs alone
+        stage_run(instance, new, "trials", dg.DagsterRunStatus.FAILURE)
+        assert asked() == [f"{eid}__index_job"]
+        # one that succeeded wrote the index: nothing is left to run
+        stage_run(instance, new, "trials")
+        assert asked() == []
