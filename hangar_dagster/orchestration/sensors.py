@@ -253,9 +253,15 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             continue
         trials_runs = runs.get("trials", [])
         if work := pending(exp, store, settings):
-            died = deaths_in_a_row(ended_runs(instance, paths, trials_runs, STAGE_RUN_RETRIES + 2))
-            if len(died) > STAGE_RUN_RETRIES:  # grading too: a run that keeps dying is not retried
-                out.waiting.append(f"{exp.experiment_id}: {after_failure('trials', died)}")
+            ended = ended_runs(instance, paths, trials_runs, STAGE_RUN_RETRIES + 2)
+            died = deaths_in_a_row(ended)
+            # The setup stages' rules (queue/stage_runs.py), grading too: a run that failed by
+            # itself or was canceled waits for a person; one that keeps dying is not retried.
+            held = (
+                after_failure("trials", ended) if ended and ended[0].status != "SUCCESS" else None
+            )
+            if held is not None:
+                out.waiting.append(f"{exp.experiment_id}: {held}")
             else:
                 why = blocker(exp, store, settings, now) or fit_blocker(
                     exp, work.keys, store, settings, now

@@ -214,10 +214,15 @@ def test_a_run_in_flight_makes_the_experiment_wait_and_says_which_run(
         assert why.startswith(
             f"{queued.experiment_id}: in_flight: its trials run {stuck} is STARTED since {since}"
         )
-        # Once Dagster (run monitoring, or a person in the UI) ends it, its keys run again.
+        # Once hangar's liveness check (or run monitoring) ends it as dead, its keys run again
+        # (one a person ends waits for them: test_a_trials_run_that_failed_by_itself_...).
         run = instance.get_run_by_id(stuck)
         assert run is not None
-        instance.report_run_failed(run, "its worker died")
+        instance.report_run_failed(
+            run,
+            "hangar: its process (pid 4242 on here) is gone; marked failed so that its "
+            "experiment goes on",
+        )
         assert [r.run_key for r in decide(instance, f.settings(NIGHTLY), at).requests] == [
             f"{queued.experiment_id}:trials:2"
         ]
@@ -299,6 +304,35 @@ def test_a_setup_run_that_failed_by_itself_waits_for_a_person_and_says_so(
         [why] = decided.waiting
         assert why.startswith(f"{queued.experiment_id}: pin_sets: its run {failed} failed")
         assert "a person looks at its logs" in why
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (dg.DagsterRunStatus.FAILURE, "a person looks at its logs"),
+        (dg.DagsterRunStatus.CANCELED, "was canceled; `hangar experiment resume` runs it again"),
+    ],
+)
+def test_a_trials_run_that_failed_by_itself_or_was_canceled_is_not_started_again_each_tick(
+    queued: ResolvedExperiment, status: dg.DagsterRunStatus, said: str
+) -> None:
+    """The bug it pins: only a dead worker's trials run was held to the rules; one that failed
+    on its own error (or that a person canceled) was requested again at every tick, forever."""
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        ended = stage_run(instance, queued, "trials", status)
+        decided = decide(instance, f.settings(NIGHTLY), at)
+        assert not [r for r in decided.requests if r.run_key.startswith(f"{eid}:trials:")]
+        [why] = decided.waiting
+        assert why.startswith(f"{eid}: trials: its run {ended} ") and said in why
+        # Once a run of it succeeds (`hangar experiment resume`), the sensor goes on.
+        stage_run(instance, queued, "trials")
+        again = decide(instance, f.settings(NIGHTLY), at)
+        assert [r.run_key for r in again.requests if r.run_key.startswith(f"{eid}:trials:")] == [
+            f"{eid}:trials:3"
+        ]
 
 
 def test_a_run_whose_worker_is_alive_is_waited_for(
