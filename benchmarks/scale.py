@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def dagster_runs(home: Path) -> list[dict[str, Any]]:
     import sqlite3
 
     history = home / "dagster" / "history"
-    with sqlite3.connect(f"file:{history / 'runs.db'}?mode=ro", uri=True) as conn:
+    with closing(sqlite3.connect(f"file:{history / 'runs.db'}?mode=ro", uri=True)) as conn:
         rows = conn.execute(
             "SELECT run_id, pipeline_name, strftime('%s', create_timestamp) + "
             "(strftime('%f', create_timestamp) - CAST(strftime('%S', create_timestamp) AS REAL)),"
@@ -78,7 +79,8 @@ def dagster_runs(home: Path) -> list[dict[str, Any]]:
         ).fetchall()
     out = []
     for run_id, job, created, started, ended in rows:
-        with sqlite3.connect(f"file:{history / 'runs' / (run_id + '.db')}?mode=ro", uri=True) as c:
+        shard = f"file:{history / 'runs' / (run_id + '.db')}?mode=ro"
+        with closing(sqlite3.connect(shard, uri=True)) as c:
             [(planned,)] = c.execute(
                 "SELECT count(*) FROM event_logs WHERE dagster_event_type = "
                 "'ASSET_MATERIALIZATION_PLANNED'"

@@ -132,8 +132,10 @@ def _runs(home: Path) -> list[tuple[str, str, dict[str, str]]]:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
             runs = conn.execute("SELECT run_id, status FROM runs").fetchall()
             tags = conn.execute("SELECT run_id, key, value FROM run_tags").fetchall()
-    except sqlite3.OperationalError:  # the tables not made yet, or a write holding the file
-        return []
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):  # the CLI has not made them yet: no run
+            return []
+        raise  # (a lock is waited for up to the timeout; past it the round says so)
     by_run: dict[str, dict[str, str]] = {}
     for run_id, key, value in tags:
         by_run.setdefault(run_id, {})[key] = value

@@ -37,9 +37,11 @@ def _make_storages(home: Path) -> None:
     An instance's first open creates and stamps its storages; two processes doing that at once
     on a fresh home break it ("table jobs already exists", or two alembic heads): e.g. `hangar
     ui` and `hangar experiment run` started together. The marker makes later opens free.
+    Only the embedded SQLite storage: a server's (Postgres) creates its tables in transactions
+    of its own, and the CLI must not need it reachable to prepare the home.
     """
     made = home / STORAGES_MADE
-    if made.exists():
+    if (made.exists() and (home / "history" / "runs.db").exists()) or not _sqlite(home):
         return
     import fcntl
 
@@ -52,3 +54,20 @@ def _make_storages(home: Path) -> None:
         with dg.DagsterInstance.from_config(str(home)):
             pass
         made.write_text("the Dagster storages of this home were made (hangar)\n")
+
+
+def _sqlite(home: Path) -> bool:
+    """Whether the home's dagster.yaml keeps the instance in SQLite files under it (Dagster's
+    default: no storage named, or ``storage: sqlite``). An unreadable file: not ours to judge."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((home / "dagster.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    if any(k in cfg for k in ("run_storage", "event_log_storage", "schedule_storage")):
+        return False
+    storage = cfg.get("storage")
+    return storage is None or (isinstance(storage, dict) and set(storage) == {"sqlite"})

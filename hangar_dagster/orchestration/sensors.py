@@ -253,12 +253,14 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             continue
         trials_runs = runs.get("trials", [])
         if work := pending(exp, store, settings):
-            ended = ended_runs(instance, paths, trials_runs, STAGE_RUN_RETRIES + 2)
-            died = deaths_in_a_row(ended)
+            endings = ended_runs(instance, paths, trials_runs, STAGE_RUN_RETRIES + 2)
+            died = deaths_in_a_row(endings)
             # The setup stages' rules (queue/stage_runs.py), grading too: a run that failed by
             # itself or was canceled waits for a person; one that keeps dying is not retried.
             held = (
-                after_failure("trials", ended) if ended and ended[0].status != "SUCCESS" else None
+                after_failure("trials", endings)
+                if endings and endings[0].status != "SUCCESS"
+                else None
             )
             if held is not None:
                 out.waiting.append(f"{exp.experiment_id}: {held}")

@@ -61,7 +61,7 @@ from hangar_dagster.util.gitrepo import GitError, git, resolve_base
 SUBMIT_REFUSED = "submit_refused"
 LAST_ERROR = "last_error.txt"  # the last failure of a policy's tick (gone once one succeeds)
 log = logging.getLogger(__name__)
-FETCH_TIMEOUT_S = 600  # a mirror's clone or fetch; past it the tick says so and tries again next
+MIRROR_TIMEOUT_S = 600  # a mirror's clone or fetch; past it the tick says so and tries again next
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,13 @@ def local_repo(policy: ShadowPolicy, where: Path) -> Path:
         return Path(policy.repo)
     mirror = where / "mirror.git"
     if mirror.is_dir():
-        git("fetch", "-q", "--prune", "origin", cwd=mirror, timeout=FETCH_TIMEOUT_S)
+        git("fetch", "-q", "--prune", "origin", cwd=mirror, timeout=MIRROR_TIMEOUT_S)
         return mirror
     for stale in where.glob(".mirror-*"):  # a killed clone's (the policy's lock is held)
         shutil.rmtree(stale, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(dir=where, prefix=".mirror-"))
     try:
-        git("clone", "-q", "--mirror", policy.repo, str(scratch / "m"), timeout=FETCH_TIMEOUT_S)
+        git("clone", "-q", "--mirror", policy.repo, str(scratch / "m"), timeout=MIRROR_TIMEOUT_S)
         os.replace(scratch / "m", mirror)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

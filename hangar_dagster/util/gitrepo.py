@@ -9,10 +9,12 @@ the whole object store).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -38,24 +40,35 @@ def git(
 ) -> str:
     """Run git; GitError when it fails or runs past ``timeout`` seconds (then it is killed)."""
     env = {**os.environ, **GIT_ENV, "HOME": os.environ.get("HOME", "/root")}
-    try:
-        # Bytes, decoded here: text=True would turn a file's CRLF into LF in a patch.
-        proc = subprocess.run(
-            ["git", "-c", "safe.directory=*", *args],
-            cwd=cwd,
-            input=None if input is None else input.encode(),
-            capture_output=True,
-            env=env,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        raise GitError(f"git {' '.join(args)} ran past {timeout:g} s and was stopped") from None
+    # Bytes, decoded here: text=True would turn a file's CRLF into LF in a patch. Its own
+    # session, so that a timeout stops the transport git started too (ssh, git-remote-https),
+    # not git alone.
+    with subprocess.Popen(
+        ["git", "-c", "safe.directory=*", *args],
+        cwd=cwd,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(None if input is None else input.encode(), timeout=timeout)
+        except BaseException as stopped:  # the timeout, or Ctrl-C: git and its transport end
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if isinstance(stopped, subprocess.TimeoutExpired):
+                raise GitError(
+                    f"git {' '.join(args)} ran past {timeout:g} s and was stopped"
+                ) from None
+            raise
     if proc.returncode != 0:
-        said = proc.stderr.decode(errors="replace").strip()
+        said = err.decode(errors="replace").strip()
         raise GitError(
-            f"git {' '.join(args)} failed: {said or proc.stdout.decode(errors='replace').strip()}"
+            f"git {' '.join(args)} failed: {said or out.decode(errors='replace').strip()}"
         )
-    return proc.stdout.decode()
+    return out.decode()
 
 
 def repo_location(repo: str, relative_to: Path) -> str:

@@ -262,10 +262,21 @@ def test_a_clone_from_a_remote_that_never_answers_stops_at_its_time_limit(
     from hangar_dagster.util import gitrepo
 
     monkeypatch.setattr(gitrepo, "FETCH_TIMEOUT_S", 1)
-    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 30;:")  # an ssh transport that never answers
+    # An ssh transport that never answers, its sleep named so this test finds it.
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 29.25;:")
     with pytest.raises(gitrepo.GitError, match="ran past 1 s"):
         gitrepo.isolated_clone("ssh://hangar-test.invalid/repo.git", "a" * 40, tmp_path / "c")
     with pytest.raises(gitrepo.GitError, match="ran past 1 s"):
         gitrepo.cached_clone(
             "ssh://hangar-test.invalid/repo.git", "a" * 40, tmp_path / "d", tmp_path / "cache"
         )
+    # Stopped with git: the transport it started (killing git alone left it running).
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"29.25" in _read_or_empty(p)]
+    assert left == []
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended while the list was read
+        return b""
