@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from hangar_dagster.settings import DAGSTER_HOME_VAR, Settings
+from hangar_dagster.util.fs import write_atomic
 
 SHIPPED_YAML = Path(__file__).parent / "dagster.yaml"
 STORAGES_MADE = ".storages-made"  # in the Dagster home: its storages exist
@@ -23,10 +24,8 @@ def ensure_dagster_home(settings: Settings) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     os.environ[DAGSTER_HOME_VAR] = str(home)
     cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        tmp = cfg.with_suffix(".tmp")
-        tmp.write_text(SHIPPED_YAML.read_text())
-        tmp.replace(cfg)
+    if not cfg.exists():  # processes seeding it at once each write the same whole file
+        write_atomic(cfg, SHIPPED_YAML.read_text())
     _make_storages(home)
     return home
 
