@@ -39,8 +39,7 @@ def _make_storages(home: Path) -> None:
     Only the embedded SQLite storage: a server's (Postgres) creates its tables in transactions
     of its own, and the CLI must not need it reachable to prepare the home.
     """
-    made = home / STORAGES_MADE
-    if (made.exists() and (home / "history" / "runs.db").exists()) or not _sqlite(home):
+    if _made(home) or not _sqlite(home):
         return
     import fcntl
 
@@ -48,11 +47,16 @@ def _make_storages(home: Path) -> None:
 
     with (home / ".storages.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if made.exists():  # another process made them while this one waited
+        if _made(home):  # another process made them while this one waited
             return
         with dg.DagsterInstance.from_config(str(home)):
             pass
-        made.write_text("the Dagster storages of this home were made (hangar)\n")
+        (home / STORAGES_MADE).write_text("the Dagster storages of this home were made (hangar)\n")
+
+
+def _made(home: Path) -> bool:
+    """Whether the storages were made: the marker, and the run storage it vouches for."""
+    return (home / STORAGES_MADE).exists() and (home / "history" / "runs.db").exists()
 
 
 def _sqlite(home: Path) -> bool:

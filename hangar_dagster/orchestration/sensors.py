@@ -281,11 +281,11 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
                 out.waiting.append(f"{exp.experiment_id}: {why}")
         # The index follows every trials run, and is written once more when nothing else can run.
         # A regrade's trials run writes it itself (stages.stage_assets): only when that failed.
-        indexed = runs.get("index", []) + [
-            r
-            for r in trials_runs
-            if writes_index(exp, "trials") and r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
-        ]
+        indexed = runs.get("index", []) + (
+            [r for r in trials_runs if r.dagster_run.status == dg.DagsterRunStatus.SUCCESS]
+            if writes_index(exp, "trials")
+            else []
+        )
         if trials_runs and (
             not indexed
             or max(r.create_timestamp for r in indexed) < trials_runs[0].create_timestamp
