@@ -146,10 +146,13 @@ def grade_script() -> str:
     all) in every grade, while hangar_grade.py needs only the standard library. ``-I -S``: no
     PYTHON* variables, user site or site-packages reach it.
     """
+    # compile + exec rather than runpy.run_path: runpy's imports cost more than the script.
     return (
         f"#!{sys.executable} -IS\n"
-        "import runpy\n"
-        f"runpy.run_path({str(HANGAR_GRADE)!r}, run_name='__main__')\n"
+        f"path = {str(HANGAR_GRADE)!r}\n"
+        "with open(path, 'rb') as f:\n"
+        "    code = compile(f.read(), path, 'exec')\n"
+        "exec(code, {'__name__': '__main__', '__file__': path, '__builtins__': __builtins__})\n"
     )
 
 

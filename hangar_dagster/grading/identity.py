@@ -96,6 +96,24 @@ def pristine_digests(hidden: str) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in found.items()}
 
 
+def _inodes(hidden: str) -> frozenset[tuple[int, int]]:
+    """(device, inode) of every file under ``hidden`` (symlinks followed, as realpath would)."""
+    found = set()
+    for root, _dirs, files in os.walk(hidden, followlinks=False):
+        for name in files:
+            if (got := _inode(os.path.join(root, name))) is not None:
+                found.add(got)
+    return frozenset(found)
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # gone, or a name no file can have: not a hidden file
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _cells(functions: tuple[Callable[..., object], ...]) -> list[tuple[types.CellType, object]]:
     """Every closure cell reachable from ``functions`` (through functions they hold), as set now."""
     found: list[tuple[types.CellType, object]] = []
@@ -135,11 +153,13 @@ def install(
     cells = _cells(guarded)
     checks = bool(hidden) and os.path.realpath(hidden) != os.path.realpath(repo)
     pristine = pristine_digests(hidden) if checks else {}
-    hidden_dir = os.path.realpath(hidden) + "/"
-    digest, getframe, realpath, is_file = (
+    # The hidden files by inode: a module loads from the hidden dir when its file is one of them
+    # (one stat per module; a realpath of every module's path was an lstat per component).
+    hidden_files = _inodes(hidden) if checks else frozenset()
+    digest, getframe, inode, is_file = (
         code_digest,
         sys._getframe,
-        os.path.realpath,
+        _inode,
         os.path.isfile,
     )
     kind, attr, is_a, length, ordered = type, getattr, isinstance, len, sorted
@@ -237,7 +257,7 @@ def install(
         # Helper modules of the hidden tests (base classes, shared checks) by where they load from.
         for module in list(modules.values()):
             file = attr(module, "__file__", None) if is_a(module, module_type) else None
-            if is_a(file, str) and realpath(cast(str, file)).startswith(hidden_dir):
+            if is_a(file, str) and inode(cast(str, file)) in hidden_files:
                 hidden_globals.add(id(getattribute(module, "__dict__")))
 
     def code_of(code: types.CodeType) -> str:

@@ -114,3 +114,25 @@ def test_runner_and_trust(command: str, files_mode: str, runner: str, trust: str
     grader = Grader.model_validate({"command": command, "files_mode": files_mode})
     assert grader_runner(command) == runner
     assert grade_trust(grader) == trust
+
+
+def test_a_module_loads_from_the_hidden_dir_only_through_a_hidden_file(tmp_path: Path) -> None:
+    # identity trusts a module's globals when its __file__ is a hidden file: by inode, so a
+    # symlink to one counts (as realpath would), a path that names no file or any other file
+    # does not (a __file__ string claiming the hidden dir is not enough).
+    from hangar_dagster.grading.identity import _inode, _inodes
+
+    hidden, elsewhere = tmp_path / "hidden", tmp_path / "repo"
+    (hidden / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (hidden / "helpers.py").write_text("X = 1\n")
+    (hidden / "sub" / "more.py").write_text("Y = 1\n")
+    (elsewhere / "calc.py").write_text("Z = 1\n")
+    (elsewhere / "link.py").symlink_to(hidden / "helpers.py")
+    files = _inodes(str(hidden))
+    assert _inode(str(hidden / "helpers.py")) in files
+    assert _inode(str(hidden / "sub" / "more.py")) in files
+    assert _inode(str(elsewhere / "link.py")) in files
+    assert _inode(str(elsewhere / "calc.py")) not in files
+    assert _inode(str(hidden / "not_there.py")) is None
+    assert _inode("bad\0name") is None

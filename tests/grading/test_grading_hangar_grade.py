@@ -232,3 +232,36 @@ def test_real_run_in_a_venv_without_hangar_loads_the_trusted_plugins(
     stream = parse_reporter((tmp_path / "out" / "report.jsonl").read_bytes())
     assert stream.start is not None and stream.ended and not stream.tamper
     assert sorted(stream.calls) == sorted(dict(parse_junit(tmp_path / "out" / "junit.xml").cases))
+
+
+def test_the_hypothesis_dir_is_new_and_private_to_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hangar_dagster.grading.hangar_grade import _private_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    made = {_private_dir("hangar-hypothesis-") for _ in range(3)}
+    assert len(made) == 3  # a new directory each time, never one left by someone else
+    for path in made:
+        assert Path(path).parent == tmp_path and Path(path).is_dir()
+        assert Path(path).stat().st_mode & 0o777 == 0o700
+
+
+def test_hangar_grade_starts_on_little_of_the_standard_library(tmp_path: Path) -> None:
+    # It runs before pytest in every grade: tempfile, pathlib and runpy cost more to import than
+    # the script itself (issue 16 item 4); it must stay on os and sys.
+    from hangar_dagster.environment.runner import grade_script
+
+    script = tmp_path / "hangar-grade"
+    body = grade_script().split("\n", 1)[1]
+    script.write_text(
+        "import atexit, sys\n"
+        "BIG = {'tempfile', 'pathlib', 'runpy', 'shutil', 'random'}\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m in BIG)))\n" + body
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr  # usage: no subcommand given
+    assert "usage: hangar-grade pytest" in done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
