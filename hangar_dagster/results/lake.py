@@ -8,8 +8,10 @@ sees one committed snapshot for its whole query. Small inserts are inlined into 
 and written out as one Parquet file per partition by ``compact`` (DuckLake's own
 ``ducklake_flush_inlined_data`` and ``ducklake_merge_adjacent_files``), so the file count
 stays bounded. DuckLake has no primary keys: the write-once rule is a unique key in a
-plain Postgres table next to the catalog (``hangar_store_keys``). docs/data.md, "Distributed
-mode", says why DuckLake and how an analyst attaches it.
+plain Postgres table next to the catalog (``hangar_store_keys``). ``experiment_index`` is a
+table each put of a trial, grade or base check keeps current in its own transaction, the
+writers taking turns on one advisory lock (DuckLake's conflicts on deletes are per table).
+docs/data.md, "Distributed mode", says why DuckLake and how an analyst attaches it.
 
 The ``ducklake`` and ``postgres`` extensions load from the ``duckdb-ext-*`` packages'
 directory; autoinstall is off, so nothing is downloaded at run time.
@@ -34,7 +36,18 @@ import psycopg2.extras
 import pyarrow as pa
 
 from hangar_dagster.results.records import GradeRecord, Record
-from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.results.schema import (
+    BY_MODEL,
+    BY_NAME,
+    INDEX_DDL,
+    INDEX_DIGEST,
+    INDEX_REBUILD,
+    TABLES,
+    VIEWS,
+    Table,
+    index_refresh,
+    index_scope,
+)
 from hangar_dagster.results.store import Store, _rows
 from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.results.tally import (
@@ -81,7 +94,15 @@ _UNAPPLIED_DDL = (
 )
 # The row of hangar_store_keys that says which schema the catalog holds.
 _SCHEMA_TBL = "_schema"
-SCHEMA_DIGEST = sha256_json([[t.ddl() for t in TABLES], list(VIEWS)])
+SCHEMA_DIGEST = sha256_json([[t.ddl() for t in TABLES], list(VIEWS), INDEX_DIGEST])
+# pg_advisory_lock key every writer of experiment_index holds through its DuckLake transaction
+# (a put of a trial, grade or base check; compact): DuckLake takes two transactions that delete
+# from one table as a conflict, whichever rows they touch, so they take turns instead of
+# retrying (their commits serialise on the catalog anyway). Taken before the store's DuckDB
+# connection, never while holding it.
+_INDEX_LOCK = 0x696E6478
+# the tables whose rows experiment_index is made of (schema.index_scope)
+_INDEXED = ("trials", "grades", "base_checks")
 
 
 def extension_directory() -> Path:
@@ -183,7 +204,19 @@ class LakeStore(Store):
                 f"SELECT table_name FROM duckdb_tables() WHERE database_name = '{CATALOG}'"
             ).fetchall()
         }
+        views = {
+            r[0]
+            for r in con.execute(
+                f"SELECT view_name FROM duckdb_views() WHERE database_name = '{CATALOG}'"
+            ).fetchall()
+        }
         con.execute("BEGIN")
+        # experiment_index was a view before it was a table: made again from the tables
+        if "experiment_index" in views:
+            con.execute("DROP VIEW experiment_index")
+        con.execute(INDEX_DDL)
+        if "experiment_index" not in existing:
+            con.execute("ALTER TABLE experiment_index SET PARTITIONED BY (experiment_id)")
         for table in TABLES:
             # DuckLake has no PRIMARY KEY: the key is kept in hangar_store_keys instead
             con.execute(table.ddl().replace(f",\n  PRIMARY KEY ({', '.join(table.key)})\n)", "\n)"))
@@ -196,6 +229,12 @@ class LakeStore(Store):
                     )
         for view in VIEWS:
             con.execute(view)
+        con.execute("COMMIT")
+        # a new catalog, or one an older hangar made: the index from the tables (a transaction
+        # of its own: read in the one that altered a table, the DuckLake extension aborts)
+        con.execute("BEGIN")
+        for sql in INDEX_REBUILD:
+            con.execute(sql)
         con.execute("COMMIT")
         with self._pg_tx() as cur:
             cur.execute(
@@ -350,8 +389,22 @@ class LakeStore(Store):
             self._unlock_keys(table, keys)
 
     def _retrying_insert(self, table: Table, batch: pa.Table) -> None:
-        with self._db() as con:
+        with self._index_lock(table.name in _INDEXED), self._db() as con:
             self._retrying(con, lambda c: self._insert(c, table, batch))
+
+    @contextmanager
+    def _index_lock(self, needed: bool = True) -> Iterator[None]:
+        """Hold _INDEX_LOCK (this thread's Postgres session) while experiment_index is written."""
+        if not needed:
+            yield
+            return
+        with self._pg().cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", [_INDEX_LOCK])
+        try:
+            yield
+        finally:
+            with self._pg().cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", [_INDEX_LOCK])
 
     def _stored(self, table: Table, rows: list[dict[str, Any]], insert: Any) -> None:
         """Run ``insert`` (the DuckLake commit) and keep the tally level with it: a trial's key
@@ -399,6 +452,12 @@ class LakeStore(Store):
         try:
             con.execute("BEGIN")
             con.execute(f"INSERT INTO {table.name} BY NAME SELECT * FROM incoming")
+            # the index rows these rows change, in the same transaction (schema.index_refresh)
+            if table.name in _INDEXED:
+                cols = ["experiment_id", "task" if table.name == "base_checks" else "trial_key"]
+                scope = index_scope(table.name, batch.select(cols).to_pylist())
+                for sql in index_refresh(*scope) if scope else []:
+                    con.execute(sql)
             con.execute("COMMIT")
         finally:
             con.unregister("incoming")
@@ -438,10 +497,19 @@ class LakeStore(Store):
         Returns how many data files fewer there are. Old snapshots are kept for an hour, so a
         reader's long query keeps its files.
         """
-        with self._db() as con:
+        with self._index_lock(), self._db() as con:
             before = self._files(con)
             self._retrying(
                 con, lambda c: c.execute(f"CALL ducklake_flush_inlined_data('{CATALOG}')")
+            )
+            # the index's replaced rows are deletes: a file with any is written again without
+            # them (DuckLake's default waits for 95% deleted), so no delete file outlives this
+            self._retrying(
+                con,
+                lambda c: c.execute(
+                    f"CALL ducklake_rewrite_data_files('{CATALOG}', 'experiment_index', "
+                    "delete_threshold => 0)"
+                ),
             )
             self._retrying(
                 con, lambda c: c.execute(f"CALL ducklake_merge_adjacent_files('{CATALOG}')")

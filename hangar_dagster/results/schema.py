@@ -9,10 +9,11 @@ the Python reads. docs/data.md documents the result.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import types
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -241,24 +242,33 @@ BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 _OUTCOMES: tuple[str, ...] = get_args(OutcomeClass)
 _HIDDEN = ("total", "passed", "failed", "errors", "skipped")
 
-# The one place the "highest attempt of a trial key counts" rule lives: Python reads
-# of the latest trials/grades join this view, and variant_summary is built on it. Written for a
-# million rows (docs/performance.md, "The results store at scale"; tests/results/test_views.py
-# checks it against the plain definition):
+# The one place the "highest attempt of a trial key counts" rule lives: experiment_index is a
+# table holding this query's rows (docs/data.md, "experiment_index: a table kept current"), kept
+# current by every put of a trial, grade or base check (``index_refresh``, in the same
+# transaction as the record's row) and rebuilt whole from the tables by a sync. Reading a stored
+# row is what makes a full read of a million keys fast: joining them at read time cost 2 s and
+# more (docs/performance.md, "The results store at scale"). The query itself, for a rebuild of
+# a million rows as much as for one key (tests/results/test_views.py checks it against the plain
+# definition):
 # - an attempt is left out when a higher one of its key is stored, found in a narrow aggregate
 #   over the retried keys only (attempt > 1: about a tenth), not by a window over the joined
 #   wide rows;
 # - the grades are joined before that anti-join, so the join builds its hash table from the
 #   grades (the key, eight columns, five counts) and streams the wide trial rows through it;
-#   joined after it, DuckDB built the table from the trials' twenty columns (most of the time);
 # - a grade's hidden-test counts come from one parse of its JSON, cast to BIGINT before the
 #   join (five integers in the hash table, not a list of strings).
 _GRADE_COLUMNS = (
     "passed, trust, hidden_tests, task_invalid, contamination, tamper_signals, grader_digest, "
     "regrade_of"
 )
-INDEX_VIEW = f"""CREATE OR REPLACE VIEW experiment_index AS
-SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
+
+
+def index_select(scope: str = "true", base_scope: str = "true") -> str:
+    """experiment_index's rows, of the keys ``scope`` picks: a condition on ``experiment_id``,
+    ``trial_key`` and ``task`` (the columns trials, grades and the index share; literals only,
+    it is repeated per scan), ``base_scope`` the base checks' (on ``experiment_id``, ``task``).
+    A scope that picks more keys than were touched is harmless: each key's row is recomputed."""
+    return f"""SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   t.attempt, t.run_id, t.retry_of, t.outcome_class, t.infra_reason, t.drift, t.verify_passed,
   g.passed, g.trust, g.hidden_tests,
   {", ".join(f"g.hidden_{k}" for k in _HIDDEN)},
@@ -267,23 +277,82 @@ SELECT t.experiment_id, t.trial_key, t.variant, t.task, t.replicate,
   t.cost_usd, t.cost_estimate_usd, t.duration_s, t.pin_set, t.model, t.agent_is_standin,
   t.reused_from, g.grader_digest, g.regrade_of,
   coalesce(t.source, 'experiment') AS source, t.shadow_of
-FROM trials t
+FROM (SELECT * FROM trials WHERE {scope}) t
 LEFT JOIN (
   SELECT experiment_id, trial_key, attempt, {_GRADE_COLUMNS},
     {", ".join(f"CAST(hidden[{i}] AS BIGINT) AS hidden_{k}" for i, k in enumerate(_HIDDEN, 1))}
   FROM (
     SELECT *, json_extract_string(hidden_tests, [{", ".join(f"'$.{k}'" for k in _HIDDEN)}])
       AS hidden
-    FROM grades)
+    FROM grades WHERE {scope})
 ) g
   ON g.experiment_id = t.experiment_id AND g.trial_key = t.trial_key AND g.attempt = t.attempt
 ANTI JOIN (
-  SELECT experiment_id, trial_key, max(attempt) AS top FROM trials WHERE attempt > 1
+  SELECT experiment_id, trial_key, max(attempt) AS top FROM trials WHERE attempt > 1 AND {scope}
   GROUP BY experiment_id, trial_key
 ) later
   ON later.experiment_id = t.experiment_id AND later.trial_key = t.trial_key
   AND t.attempt < later.top
-LEFT JOIN base_checks b ON b.experiment_id = t.experiment_id AND b.task = t.task"""
+LEFT JOIN (SELECT * FROM base_checks WHERE {base_scope}) b
+  ON b.experiment_id = t.experiment_id AND b.task = t.task"""
+
+
+# experiment_index's columns in order: index_select's (tests/results/test_views.py checks they
+# agree); their types are those of the columns they come from.
+_INDEX_NAMES = (
+    "experiment_id trial_key variant task replicate attempt run_id retry_of outcome_class "
+    "infra_reason drift verify_passed passed trust hidden_tests "
+    + " ".join(f"hidden_{k}" for k in _HIDDEN)
+    + " task_invalid contamination tamper_signals cost_usd cost_estimate_usd duration_s pin_set "
+    "model agent_is_standin reused_from grader_digest regrade_of source shadow_of"
+).split()
+
+
+def _index_columns() -> tuple[Column, ...]:
+    types = {c.name: c.sql_type for c in BY_NAME["grades"].columns} | {
+        c.name: c.sql_type for c in BY_NAME["trials"].columns
+    }
+    types |= {f"hidden_{k}": "BIGINT" for k in _HIDDEN} | {"task_invalid": "BOOLEAN"}
+    # all nullable: a key not graded yet has NULL grade columns
+    return tuple(Column(n, types[n], True) for n in _INDEX_NAMES)
+
+
+INDEX_COLUMNS = _index_columns()
+INDEX_DDL = "CREATE TABLE IF NOT EXISTS experiment_index (\n  {}\n)".format(
+    ",\n  ".join(f'"{c.name}" {c.sql_type}' for c in INDEX_COLUMNS)
+)
+# A database or catalog whose index was made by another definition rebuilds it (the digest is
+# the table's comment in DuckDB, part of SCHEMA_DIGEST in the DuckLake).
+INDEX_DIGEST = hashlib.sha256((INDEX_DDL + index_select()).encode()).hexdigest()[:16]
+
+
+def _literals(values: Iterable[Any]) -> str:
+    return ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(set(values)))
+
+
+def index_scope(table: str, rows: Collection[dict[str, Any]]) -> tuple[str, str] | None:
+    """(scope, base_scope) for ``index_select`` / ``index_refresh``: the keys whose index rows
+    ``rows`` of ``table`` can change (None: no table the index reads). Literal lists, so the
+    engine prunes by them (DuckDB's zone maps, the DuckLake's partitions and file statistics):
+    a put reads its experiment's rows, not the store's."""
+    if table not in ("trials", "grades", "base_checks") or not rows:
+        return None
+    exps = f"experiment_id IN ({_literals(r['experiment_id'] for r in rows)})"
+    if table == "base_checks":  # a check stored after the grade counts (task_invalid)
+        return f"{exps} AND task IN ({_literals(r['task'] for r in rows)})", exps
+    return f"{exps} AND trial_key IN ({_literals(r['trial_key'] for r in rows)})", exps
+
+
+def index_refresh(scope: str, base_scope: str) -> list[str]:
+    """The statements that make the index rows of ``scope``'s keys what ``index_select`` says:
+    run in the transaction that stored the rows that changed them."""
+    return [
+        f"DELETE FROM experiment_index WHERE {scope}",
+        f"INSERT INTO experiment_index BY NAME {index_select(scope, base_scope)}",
+    ]
+
+
+INDEX_REBUILD = index_refresh("true", "true")
 
 # retries.evidence_class in SQL (tests/queue/test_retries.py checks they agree): a ran trial
 # is an evidence failure without a grade, on an invalid task (its grade or its task's base
@@ -341,4 +410,4 @@ FROM trials t
 JOIN experiments e ON e.experiment_id = t.experiment_id
 WHERE t.reused_from IS NULL"""
 
-VIEWS: tuple[str, ...] = (INDEX_VIEW, SUMMARY_VIEW, LEDGER_VIEW)
+VIEWS: tuple[str, ...] = (SUMMARY_VIEW, LEDGER_VIEW)

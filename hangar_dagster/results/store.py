@@ -7,7 +7,7 @@ read methods here are written once, in SQL.
 
 The embedded backend: every record lands in one Parquet file (the truth) and in DuckDB.
 ``put`` writes a record's Parquet file atomically, then inserts the row into
-DuckDB; the tables that grow with the trials are compacted as they grow (results/compaction.py:
+DuckDB, with the ``experiment_index`` rows it changes, in one transaction; the tables that grow with the trials are compacted as they grow (results/compaction.py:
 many records per file, the same crash rule). Should DuckDB be unreachable (an analyst holds it open read-write) or the
 process die in between, the Parquet file is already there and ``sync`` brings the
 row in; reads call a cheap check first, so they heal on their own. DuckDB is only
@@ -50,7 +50,18 @@ from hangar_dagster.results.records import (
     Record,
     TrialRecord,
 )
-from hangar_dagster.results.schema import BY_MODEL, BY_NAME, TABLES, VIEWS, Table
+from hangar_dagster.results.schema import (
+    BY_MODEL,
+    BY_NAME,
+    INDEX_DDL,
+    INDEX_DIGEST,
+    INDEX_REBUILD,
+    TABLES,
+    VIEWS,
+    Table,
+    index_refresh,
+    index_scope,
+)
 from hangar_dagster.results.tally import TABLES as TALLY_TABLES
 from hangar_dagster.results.tally import (
     TRIAL_COLUMNS,
@@ -638,9 +649,12 @@ class EmbeddedStore(Store):
         for s in staged:
             by_table.setdefault(s.table.name, []).append(s)
         try:
-            with self._db() as con:
+            with self._db() as con, _transaction(con):
                 for same in by_table.values():  # one INSERT per table: each costs a plan
                     self._insert(con, same[0].table, pa.concat_tables([s.batch for s in same]))
+                # the index rows they change, in the same transaction: none shows half-written
+                for same in by_table.values():
+                    _refresh_index(con, same[0].table.name, [s.row for s in same])
         except StoreUnavailable as e:
             names = sorted({s.table.name for s in staged})
             log.warning("%s; %s row(s) kept in Parquet only until the next sync", e, names)
@@ -706,10 +720,13 @@ class EmbeddedStore(Store):
         """Insert every Parquet row DuckDB lacks (by primary key); returns how many were added.
 
         Idempotent. Reads run the cheap check ``_sync_if_behind`` themselves; call
-        this to force a full pass (it rebuilds a deleted hangar.duckdb too).
+        this to force a full pass (it rebuilds a deleted hangar.duckdb too, and
+        experiment_index from the tables).
         """
         with self._db() as con:
-            added = sum(self._sync_table(con, t) for t in TABLES)
+            with _transaction(con):
+                added = sum(self._sync_table(con, t) for t in TABLES)
+                rebuild_index(con)
             self._sync_pending(con)  # every file is in now: clears the markers
             return added
 
@@ -728,7 +745,9 @@ class EmbeddedStore(Store):
         """What a read does first: a new database is filled from every Parquet file; else only
         the files the journal names (normally none) come in. parquet/ is never listed here."""
         if self._fresh_db:
-            added = sum(self._sync_table(con, t) for t in TABLES)
+            with _transaction(con):
+                added = sum(self._sync_table(con, t) for t in TABLES)
+                rebuild_index(con)
             log.info("filled a new %s with %d row(s) from Parquet", self.paths.duckdb, added)
             self._fresh_db = False
         self._sync_pending(con)
@@ -753,10 +772,15 @@ class EmbeddedStore(Store):
                 if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
                     marker.unlink(missing_ok=True)
                 continue
-            con.execute(
-                f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?)",
-                [str(path)],
-            )
+            with _transaction(con):
+                con.execute(
+                    f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?)",
+                    [str(path)],
+                )
+                scope = ("experiment_id", "task" if table.name == "base_checks" else "trial_key")
+                if table.name in ("trials", "grades", "base_checks"):
+                    rows = pq.read_table(path, columns=list(scope)).to_pylist()
+                    _refresh_index(con, table.name, rows)
             log.info("brought %s into DuckDB from its journal marker", path)
             if self._tally_file(table, path, marker.name):
                 marker.unlink(missing_ok=True)
@@ -832,6 +856,7 @@ class EmbeddedStore(Store):
             for c in table.columns:
                 if c.nullable and c.name in not_null:
                     con.execute(f'ALTER TABLE {table.name} ALTER COLUMN "{c.name}" DROP NOT NULL')
+        _create_index(con)
         for view in VIEWS:
             con.execute(view)
 
@@ -850,6 +875,7 @@ class EmbeddedStore(Store):
                 self._create_schema(mem)
                 for table in TABLES:
                     self._sync_table(mem, table)
+                rebuild_index(mem)
                 return _rows(mem.execute(sql, params))
             finally:
                 mem.close()
@@ -952,6 +978,50 @@ class EmbeddedStore(Store):
         """Merge every partition's small files into parts (results/compaction.py); each put
         does it for its own partition once it holds COMPACT_AT small files."""
         return self._compactor.compact()
+
+
+@contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    con.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def _refresh_index(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:
+    """Make the experiment_index rows that ``rows`` of ``table`` change current."""
+    scope = index_scope(table, rows)
+    if scope is not None:
+        for sql in index_refresh(*scope):
+            con.execute(sql)
+
+
+def rebuild_index(con: duckdb.DuckDBPyConnection) -> None:
+    """experiment_index made again from the tables (a sync, a new database, a new definition)."""
+    for sql in INDEX_REBUILD:
+        con.execute(sql)
+    con.execute(f"COMMENT ON TABLE experiment_index IS '{INDEX_DIGEST}'")
+
+
+def _create_index(con: duckdb.DuckDBPyConnection) -> None:
+    """The experiment_index table, rebuilt where an older hangar left a view of that name or
+    an index of another definition (its digest is the table's comment)."""
+    kind = con.execute(
+        "SELECT table_type, (SELECT comment FROM duckdb_tables() WHERE table_name = "
+        "'experiment_index' AND database_name = current_database() AND schema_name = 'main') "
+        "FROM information_schema.tables WHERE table_name = 'experiment_index' "
+        "AND table_catalog = current_database() AND table_schema = 'main'"
+    ).fetchone()
+    if kind is not None and kind[0] == "BASE TABLE" and kind[1] == INDEX_DIGEST:
+        return
+    with _transaction(con):
+        if kind is not None:
+            con.execute(f"DROP {'TABLE' if kind[0] == 'BASE TABLE' else 'VIEW'} experiment_index")
+        con.execute(INDEX_DDL)
+        rebuild_index(con)
 
 
 def _rows(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

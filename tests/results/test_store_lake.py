@@ -107,7 +107,9 @@ SELECT (SELECT count(*) FROM trials) AS trials,
        (SELECT count(*) FROM grades) AS grades,
        (SELECT count(*) FROM grades g ANTI JOIN trials t USING (experiment_id, trial_key, attempt))
          AS orphan_grades,
-       (SELECT coalesce(sum(trials), 0) FROM variant_summary) AS summary_trials
+       (SELECT coalesce(sum(trials), 0) FROM variant_summary) AS summary_trials,
+       (SELECT count(*) FROM experiment_index) AS index_keys,
+       (SELECT count(passed) FROM experiment_index) AS index_graded
 """
 
 
@@ -157,8 +159,10 @@ def test_eight_writer_processes_lose_nothing_and_an_analyst_sees_snapshots(
         again = analyst.execute(_SNAPSHOT).fetchone()
         analyst.execute("COMMIT")
         assert first is not None and again == first, "one transaction reads one snapshot"
-        trials, grades, orphans, summary_trials = first
+        trials, grades, orphans, summary_trials, index_keys, index_graded = first
         assert orphans == 0 and grades <= trials and summary_trials == trials
+        # the stored index commits with its rows: level with them in every snapshot
+        assert (index_keys, index_graded) == (trials, grades)
         seen.append((trials, grades))
     for p in procs:
         _, err = p.communicate(timeout=60)
@@ -179,6 +183,9 @@ def test_eight_writer_processes_lose_nothing_and_an_analyst_sees_snapshots(
     files = sorted((lake / "main" / "trials").rglob("*.parquet"))
     assert 1 <= len(files) <= 4, files
     assert all(p.parent.name == f"experiment_id={f.EXP}" for p in files)
+    # the index's replaced rows (every grade replaced its trial's) are written out too
+    index_files = sorted((lake / "main" / "experiment_index").rglob("*.parquet"))
+    assert 1 <= len(index_files) <= 4, index_files
     plain = duckdb.connect()
     got = plain.execute(
         "SELECT experiment_id, count(*) FROM read_parquet(?, hive_partitioning = true) GROUP BY 1",
@@ -205,8 +212,11 @@ def test_the_documented_queries_and_views_answer_the_same_in_both_modes(
         _populate(store)
     # a lake whose views an older hangar made: the next store to attach it makes them again
     assert isinstance(lake, LakeStore)
-    with lake._db() as con:
-        con.execute("CREATE OR REPLACE VIEW experiment_index AS SELECT 1 AS stale")
+    with lake._db() as con:  # its index a view, as before it was a table
+        con.execute("BEGIN")
+        con.execute("DROP TABLE experiment_index")
+        con.execute("CREATE VIEW experiment_index AS SELECT 1 AS stale")
+        con.execute("COMMIT")
     with lake._pg_tx() as cur:
         cur.execute("UPDATE hangar_store_keys SET k = 'an older digest' WHERE tbl = '_schema'")
     lake.close()
@@ -369,3 +379,28 @@ def test_a_second_writer_of_a_key_waits_for_the_first_and_is_refused(
     assert second.next_attempt(f.EXP, "base/t1/1") == 2
     first.close()
     second.close()
+
+
+def test_the_lake_keeps_its_index_current_in_any_order(lake_env: dict[str, str]) -> None:
+    """As tests/results/test_index.py for the embedded store: records in a shuffled order, one
+    by one and in batches, leave experiment_index what its plain definition says."""
+    import random
+
+    from test_views import PLAIN_INDEX, _mix
+
+    records = _mix(4)
+    random.Random(4).shuffle(records)
+    store = Store(paths())
+    for i in range(0, len(records), 9):
+        chunk = records[i : i + 9]
+        if i % 2:
+            store.put_many(chunk)
+        else:
+            for r in chunk:
+                store.put(r)
+    order = "ORDER BY experiment_id, trial_key"
+    index = store._query(f"SELECT * FROM experiment_index {order}", [])
+    assert index == store._query(f"SELECT * FROM ({PLAIN_INDEX}) {order}", [])
+    assert len(index) == 2 * 3 * 6 * 2
+    store.compact()  # the index's files written again without their replaced rows
+    assert store._query(f"SELECT * FROM experiment_index {order}", []) == index

@@ -1,9 +1,12 @@
-"""The views (results/schema.py) agree with their plain definitions: ``experiment_index`` with
-the highest attempt of each key picked by a window over the joined rows and each hidden-test
-count read from the grade's JSON on its own, ``variant_summary`` with the per-variant counts and
-the mean of per-task rates computed as written in docs/data.md. The views are written for a
-million rows (a narrow aggregate joined back, one JSON parse per grade, one pass per summary);
-this checks that speed changed no answer, over a seeded mix of every case they tell apart."""
+"""experiment_index and variant_summary (results/schema.py) agree with their plain definitions:
+``experiment_index`` (a table the store keeps, rebuilt here from the tables by the query a sync
+and every put use, ``index_select``) with the highest attempt of each key picked by a window
+over the joined rows and each hidden-test count read from the grade's JSON on its own,
+``variant_summary`` with the per-variant counts and the mean of per-task rates computed as
+written in docs/data.md. The queries are written for a million rows (a narrow aggregate joined
+back, one JSON parse per grade, one pass per summary); this checks that speed changed no answer,
+over a seeded mix of every case they tell apart. tests/results/test_index.py checks the table
+is kept so by every put."""
 
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 from hangar_dagster.results.records import OutcomeClass, Record
-from hangar_dagster.results.schema import BY_MODEL
-from hangar_dagster.results.store import EmbeddedStore
+from hangar_dagster.results.schema import BY_MODEL, INDEX_COLUMNS, index_select
+from hangar_dagster.results.store import EmbeddedStore, rebuild_index
 
 pytestmark = pytest.mark.unit
 
@@ -141,7 +144,8 @@ def _mix(seed: int) -> list[Record]:
 
 
 def _loaded(records: list[Record]) -> duckdb.DuckDBPyConnection:
-    """A DuckDB with the store's tables and views, the records inserted straight into it."""
+    """A DuckDB with the store's tables and views, the records inserted straight into it and
+    the index rebuilt from them (as a sync does)."""
     con = duckdb.connect()
     EmbeddedStore._create_schema(con)
     by_table: dict[str, list[dict[str, Any]]] = {}
@@ -152,6 +156,7 @@ def _loaded(records: list[Record]) -> duckdb.DuckDBPyConnection:
         con.register("incoming", pa.Table.from_pylist(rows, schema=table.arrow_schema()))
         con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM incoming")
         con.unregister("incoming")
+    rebuild_index(con)
     return con
 
 
@@ -176,3 +181,11 @@ def test_the_views_agree_with_their_plain_definitions(seed: int) -> None:
     assert any(s["flagged_passes"] for s in summary) and any(
         s["evidence_failures"] for s in summary
     )
+
+
+def test_the_index_table_has_the_columns_of_its_query() -> None:
+    con = _loaded([])
+    names = [r[0] for r in con.execute(f"DESCRIBE {index_select()}").fetchall()]
+    assert names == [c.name for c in INDEX_COLUMNS]
+    stored = [r[0] for r in con.execute("DESCRIBE experiment_index").fetchall()]
+    assert stored == names
