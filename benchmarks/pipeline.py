@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -120,12 +121,19 @@ def measure(home: Path, name: str, slots: int) -> dict[str, float]:
     }
 
 
-def show(label: str, wall: float, m: dict[str, float]) -> None:
+def cpu_children() -> float:
+    """CPU seconds of the finished child processes (each `hangar` command and what it ran)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def show(label: str, wall: float, m: dict[str, float], cpu: float) -> None:
     print(
         f"{label:<28} trials {m['trials']:>4.0f}  wall {wall:7.1f} s  work {m['work_s']:7.1f} s"
         f"  trial median {m['trial_median_s']:5.2f} s  longest {m['longest_s']:5.2f} s"
         f"  makespan {m['makespan_s']:6.1f} s  bound {m['bound_s']:6.1f} s"
-        f"  ratio {m['ratio']:5.3f}  busy {m['busy']:5.1%}"
+        f"  ratio {m['ratio']:5.3f}  busy {m['busy']:5.1%}  CPU {cpu:6.1f} s"
+        f"  load {os.getloadavg()[0]:.1f}"
     )
 
 
@@ -144,9 +152,10 @@ def main() -> None:
             sleeps = dict(zip(tasks, SKEWED, strict=True))
             spec = make_spec(work, "skewed", 3, sleeps)
             for label in ("skewed, no history", "skewed, with history"):
+                cpu = cpu_children()
                 _, wall = run_wait(home, spec)
                 name = str(yaml.safe_load(spec.read_text())["name"])
-                show(label, wall, measure(home, name, 3))
+                show(label, wall, measure(home, name, 3), cpu_children() - cpu)
                 if label.endswith("no history"):
                     # the same pin set and tasks again, as a new experiment (new name)
                     text = spec.read_text().replace("name: skewed", "name: skewed-again")
@@ -154,9 +163,10 @@ def main() -> None:
                     spec.write_text(text)
         if args.mix in ("trivial", "both"):
             spec = make_spec(work, "trivial", 10, None)
+            cpu = cpu_children()
             _, wall = run_wait(home, spec)
             name = "trivial"
-            show("trivial, 100 trials", wall, measure(home, name, 3))
+            show("trivial, 100 trials", wall, measure(home, name, 3), cpu_children() - cpu)
     print(f"load average at end: {os.getloadavg()}")
 
 

@@ -15,7 +15,10 @@ It prints
   and grades' own durations) / trials, in slot-seconds, and the same per trial of wall time;
   the figure at 50,000 is extrapolated from these trials (the per-run costs repeat every
   slice of RUN_PARTITIONS trials, which the run must cross to be representative: the default
-  --trials is larger than one slice).
+  --trials is larger than one slice); the same with the work of the attempts still running at
+  the end counted as work; and a slot's time between one trial's work and the next, from the
+  slots rebuilt out of the stored records (``slot_gaps``: no run start or tail in it),
+- the CPU seconds of the command with its children.
 
     HANGAR_CORPUS=... .venv/bin/python benchmarks/scale.py [--trials 600] [--parallel 3]
 """
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +64,59 @@ def make_spec(work: Path, parallel: int) -> Path:
     path = small.with_name("scale.yaml")
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def slot_gaps(trials: list[Any], by_key: dict[tuple[str, int], Any], slots: int) -> dict[str, Any]:
+    """A slot's time between one trial's recorded work and the next, from the stored records.
+
+    Each attempt is [trial start, trial end] then [grade start, grade end], grade start being
+    ``graded_at - duration_s``. The slots are rebuilt from the starts: an attempt starts on the
+    slot whose last grade ended latest before it (a free thread takes the next key at once).
+    ``after_trial``: trial end -> its grade's start (the trial's put, the grader's setup);
+    ``after_grade``: grade end -> the slot's next trial start (the grade's put, the start
+    check, the next attempt number). Neither has the run's start or its tail in it."""
+    free: list[float] = []  # per slot, when its last grade ended
+    after_trial: list[float] = []
+    after_grade: list[float] = []
+    for t in sorted(trials, key=lambda r: r.started_at):
+        start = t.started_at.timestamp()
+        g = by_key.get((t.trial_key, t.attempt))
+        ready = [i for i, at in enumerate(free) if at <= start]
+        if ready:
+            i = max(ready, key=lambda i: free[i])
+            after_grade.append(start - free[i])
+        elif len(free) < slots:
+            i = len(free)
+            free.append(0.0)
+        else:
+            continue  # more starts than slots: not a slot this accounting can follow
+        if g is None:
+            free[i] = float("inf")  # interrupted or not graded: the slot is not followed
+            continue
+        after_trial.append(g.graded_at.timestamp() - g.duration_s - t.finished_at.timestamp())
+        free[i] = g.graded_at.timestamp()
+    return {"after_trial": after_trial, "after_grade": after_grade}
+
+
+def in_window(trials: list[Any], by_key: dict[tuple[str, int], Any], lo: float, hi: float) -> float:
+    """Recorded work (trials and grades) inside [lo, hi], the attempts still running at hi too."""
+
+    def overlap(a: float, b: float) -> float:
+        return max(0.0, min(b, hi) - max(a, lo))
+
+    total = 0.0
+    for t in trials:
+        start = t.started_at.timestamp()
+        total += overlap(start, start + t.duration_s)
+        if (g := by_key.get((t.trial_key, t.attempt))) is not None:
+            end = g.graded_at.timestamp()
+            total += overlap(end - g.duration_s, end)
+    return total
+
+
+def cpu_children() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def grades_stored(home: Path) -> int:
@@ -126,6 +184,7 @@ def main() -> None:
     assert not check.invalid, check.reason
     store.put_many([check.model_copy(update={"task": task}) for task in rest] + [check])
     hangar = Path(sys.executable).with_name("hangar")
+    cpu0 = cpu_children()
     start = time.perf_counter()
     proc = subprocess.Popen(
         [str(hangar), "experiment", "resume", exp.experiment_id],
@@ -185,6 +244,27 @@ def main() -> None:
         f"({slot_over / args.parallel * 1000:.0f} ms of wall time at parallel {args.parallel}); "
         f"extrapolated to 50,000 trials: the same per trial (per-run costs repeat each slice)"
     )
+    # The same window with the work of the attempts still running at its end counted as work
+    # (the figure above counts it as overhead: a slot mid-trial is not idle).
+    lo = trials[0].started_at.timestamp()
+    busy = in_window(trials, by_key, lo, lo + window)
+    graded_in = sum(1 for g in grades if g.graded_at.timestamp() <= lo + window)
+    print(
+        f"overhead per trial, running attempts' work counted: "
+        f"{(window * args.parallel - busy) / graded_in * 1000:.0f} ms of a slot "
+        f"({graded_in} grades in the window)"
+    )
+    gaps = slot_gaps(trials, by_key, args.parallel)
+    a, b = gaps["after_trial"], gaps["after_grade"]
+    if a and b:
+        print(
+            f"a slot between one trial's work and the next (run start and tail left out): "
+            f"trial end -> grade start median {statistics.median(a) * 1000:.0f} ms, mean "
+            f"{statistics.mean(a) * 1000:.0f} ms ({len(a)}); grade end -> next start median "
+            f"{statistics.median(b) * 1000:.0f} ms, mean {statistics.mean(b) * 1000:.0f} ms "
+            f"({len(b)}); per trial {(statistics.mean(a) + statistics.mean(b)) * 1000:.0f} ms"
+        )
+    print(f"CPU seconds of the command and its children: {cpu_children() - cpu0:.1f}")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     if args.keep:
         print(f"kept: {tmp}")

@@ -72,6 +72,7 @@ from hangar_dagster.results.tally import (
     trial_row,
 )
 from hangar_dagster.settings import HangarPaths
+from hangar_dagster.util.background import while_running
 from hangar_dagster.util.fs import fsync
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,13 @@ class Store:
         """``put`` each record; a backend may store them in fewer transactions (same rules)."""
         for record in records:
             self.put(record)
+
+    @contextmanager
+    def rows_behind(self) -> Iterator[None]:
+        """Within the block, a ``put`` (from any thread) returns once its record is safe from a
+        crash, and a backend may add its query rows behind it, batched, by the block's end
+        (one whose ``put`` is already one short transaction stores as it goes)."""
+        yield
 
     def _query(self, sql: str, params: list[Any]) -> list[dict[str, Any]]:
         """Rows of ``sql`` over the documented tables and views, JSON columns decoded."""
@@ -550,6 +558,9 @@ class EmbeddedStore(Store):
         self._fresh_db = False
         self._compactor = Compactor(paths)
         self._recovered = False
+        # rows_behind: the staged files whose DuckDB rows its committer thread puts in
+        self._behind: list[_Staged] | None = None
+        self._behind_guard = threading.Lock()
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -593,6 +604,41 @@ class EmbeddedStore(Store):
                 log.warning("rows before a refused record not inserted yet: %s", e)
             raise  # the refusal itself, which the caller acts on
         self._commit(staged)
+
+    @contextmanager
+    def rows_behind(self, every_s: float = 0.5) -> Iterator[None]:
+        """Within the block, a put writes its Parquet file, journal marker and tally rows as
+        always and returns; a committer thread puts the DuckDB rows of what was staged in the
+        last ``every_s`` through one connection, and the rest when the block ends.
+
+        Opening and closing the DuckDB file and the insert are most of a small put, and a trial
+        slot made two per trial (its trial, then its grade): the slots' time between trials
+        (docs/performance.md). Nothing is less safe: a crash inside the block loses no record
+        (each is stored and journaled at its put; the next read brings the rows in), and a read
+        meanwhile, in any thread or process, brings the journaled rows in itself."""
+        if self._behind is not None:
+            yield  # nested: the outer block commits
+            return
+        self._behind = []
+
+        def committer(done: threading.Event) -> None:
+            while not done.wait(every_s):
+                self._commit_behind()
+
+        try:
+            with while_running(committer, "hangar-store-rows"):
+                yield
+        finally:
+            self._commit_behind(last=True)
+
+    def _commit_behind(self, last: bool = False) -> None:
+        with self._behind_guard:
+            staged = self._behind or []
+            self._behind = None if last else []
+        try:
+            self._commit_now(staged)
+        except Exception as e:  # their journal markers stay: the next read brings them in
+            log.warning("%d staged row(s) not inserted yet: %s", len(staged), e)
 
     def _drop_orphan_tests(self, grade_row: dict[str, Any]) -> None:
         """Remove the per-test rows of an attempt that has no grade: a crash between the two
@@ -643,6 +689,13 @@ class EmbeddedStore(Store):
     def _commit(self, staged: list[_Staged]) -> None:
         """The staged files' rows into DuckDB through one connection, then their markers gone
         (a marker stays where the tally missed its rows: the next read adds them)."""
+        with self._behind_guard:
+            if self._behind is not None:  # inside rows_behind: its committer puts them in
+                self._behind.extend(staged)
+                return
+        self._commit_now(staged)
+
+    def _commit_now(self, staged: list[_Staged]) -> None:
         if not staged:
             return
         by_table: dict[str, list[_Staged]] = {}

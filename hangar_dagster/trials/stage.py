@@ -183,15 +183,18 @@ def run_trials(
             return record
 
         order = longest_first(plan.run, expected)
-        for key, result in concurrently(order, one, exp.spec.parallel):
-            if isinstance(result, str):
-                log.info(f"trial {key.key} not started: {result}")
-                out[key] = TrialPartition(key, not_started=result)
-                continue
-            log.info(_started(result))
-            out[key] = TrialPartition(key, record=result)
-            for said in record_overlay_pins(exp, store, run_id):
-                log.info(said)
+        # The slots' puts leave their DuckDB rows to the store's committer thread: a slot goes
+        # on to its grade and its next trial once the record is safe (Store.rows_behind).
+        with store.rows_behind():
+            for key, result in concurrently(order, one, exp.spec.parallel):
+                if isinstance(result, str):
+                    log.info(f"trial {key.key} not started: {result}")
+                    out[key] = TrialPartition(key, not_started=result)
+                    continue
+                log.info(_started(result))
+                out[key] = TrialPartition(key, record=result)
+                for said in record_overlay_pins(exp, store, run_id):
+                    log.info(said)
     for note in record_queue_notes(exp, store, settings):  # what this run's failures led to
         log.warning(note.message)
     return out

@@ -225,6 +225,99 @@ def test_a_refused_record_in_a_batch_is_the_error_raised_even_when_the_insert_fa
     ]
 
 
+def test_rows_behind_stores_the_slots_puts_through_one_duckdb_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial("base", "t2"))
+    assert store.next_attempt(f.EXP, "base/t2/1") == 2  # the tally is built, as a start reads it
+    opened: list[str] = []
+    connect = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **kw: opened.append("x") or connect(*a, **kw))
+
+    def slot(variant: str) -> None:  # a trial, then its grade with per-test rows
+        store.put(f.trial(variant))
+        store.put_many([f.graded(variant, "t1", tests=2)])
+
+    with store.rows_behind(every_s=600):  # the committer does not wake: the end commits
+        slots = [threading.Thread(target=slot, args=(v,)) for v in ("skill", "late")]
+        for t in slots:
+            t.start()
+        for t in slots:
+            t.join()
+        # each file, journal marker and tally row is there at once: a crash now loses nothing
+        assert store.next_attempt(f.EXP, "skill/t1/1") == 2
+        assert len(list(store.paths.pending.iterdir())) == 6
+        assert opened == [], "no DuckDB connection before the block ends"
+        with pytest.raises(DuplicateRecordError):  # a refusal is still raised at once
+            store.put(f.trial("base", "t2"))
+    assert opened == ["x"], "the block's rows went in through one connection"
+    monkeypatch.setattr(duckdb, "connect", connect)
+    assert list(store.paths.pending.iterdir()) == [], "no journal marker left behind"
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(3,)]
+    assert [g.trial_key for g in store.grades(f.EXP)] == ["late/t1/1", "skill/t1/1"]
+    assert len(store.grade_tests(f.EXP)) == 4
+
+
+def test_a_read_inside_rows_behind_sees_the_rows_not_yet_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    seen: list[list[str]] = []
+    with store.rows_behind(every_s=600):
+        store.put(f.trial("skill"))
+        # another thread's read (the progress line, a start) finds it through its marker
+        reader = threading.Thread(
+            target=lambda: seen.append([t.trial_key for t in Store(store.paths).trials(f.EXP)])
+        )
+        reader.start()
+        reader.join()
+        store.put(f.grade("skill", "t1"))
+    assert seen == [["skill/t1/1"]]
+    assert [g.trial_key for g in store.grades(f.EXP)] == ["skill/t1/1"]
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(1,)]
+    assert list(store.paths.pending.iterdir()) == []
+
+
+def _killed_after_one_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Store:
+    """A store holding one trial, after ``script`` (given the home) was killed storing another."""
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial())
+    here = str(Path(__file__).parents[1])
+    died = subprocess.run(
+        [sys.executable, "-c", script, str(store.paths.home), here],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert died.returncode == 9, died.stderr
+    return store
+
+
+_DIES_INSIDE_ROWS_BEHIND = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from pathlib import Path
+    from hangar_dagster.results.store import Store
+    from hangar_dagster.settings import HangarPaths
+    store = Store(HangarPaths(Path(sys.argv[1])))
+    with store.rows_behind(every_s=600):
+        store.put(f.trial("skill"))
+        os._exit(9)  # killed while its grade runs: the block never ends
+""")
+
+
+def test_a_crash_inside_rows_behind_loses_no_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _killed_after_one_trial(tmp_path, monkeypatch, _DIES_INSIDE_ROWS_BEHIND)
+    assert _duck_rows(store, "SELECT count(*) FROM trials") == [(1,)]
+    assert store.next_attempt(f.EXP, "skill/t1/1") == 2
+    assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base", "skill"]
+    assert list(store.paths.pending.iterdir()) == []
+
+
 def test_trial_key_must_match_its_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = f.make_store(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="trial_key is 'base/t9/1' but .* 'base/t1/1'"):
@@ -303,16 +396,7 @@ _DIES_BEFORE_DUCKDB = textwrap.dedent("""
 def test_a_crash_between_parquet_and_duckdb_heals_on_the_next_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = f.make_store(tmp_path, monkeypatch)
-    store.put(f.trial())
-    here = str(Path(__file__).parents[1])
-    died = subprocess.run(
-        [sys.executable, "-c", _DIES_BEFORE_DUCKDB, str(store.paths.home), here],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert died.returncode == 9, died.stderr
+    store = _killed_after_one_trial(tmp_path, monkeypatch, _DIES_BEFORE_DUCKDB)
     assert _duck_rows(store, "SELECT count(*) FROM trials") == [(1,)]
     assert len(list(store.paths.pending.iterdir())) == 1, "its journal marker stays"
     assert store.next_attempt(f.EXP, "skill/t1/1") == 2
