@@ -113,16 +113,21 @@ def pytest_command(
 
 
 def _private_dir(prefix: str) -> str:
-    """A new directory only this user can use, under $TMPDIR or /tmp (tempfile.mkdtemp's
-    contract, without importing tempfile)."""
-    base = os.environ.get("TMPDIR") or "/tmp"
-    while True:
-        path = os.path.join(base, prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
+    """A new directory only this user can use, in the first writable place of $TMPDIR, /tmp
+    and /var/tmp (tempfile.mkdtemp's contract and fallback, without importing tempfile)."""
+    for base in (os.environ.get("TMPDIR"), "/tmp", "/var/tmp"):
+        if not base:
             continue
-        return path
+        while True:
+            path = os.path.join(base, prefix + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue
+            except OSError:
+                break  # missing or not writable here: the next place
+            return path
+    raise OSError("hangar-grade: no writable temporary directory ($TMPDIR, /tmp, /var/tmp)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

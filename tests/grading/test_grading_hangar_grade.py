@@ -247,6 +247,21 @@ def test_the_hypothesis_dir_is_new_and_private_to_the_user(
         assert Path(path).stat().st_mode & 0o777 == 0o700
 
 
+def test_the_hypothesis_dir_falls_back_to_tmp_when_tmpdir_is_unusable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As tempfile.mkdtemp would: a container's $TMPDIR may name a host path it does not have.
+    from hangar_dagster.grading.hangar_grade import _private_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "not-here"))
+    made = Path(_private_dir("hangar-hypothesis-test-"))
+    try:
+        assert made.parent in (Path("/tmp"), Path("/var/tmp")) and made.is_dir()
+        assert made.stat().st_mode & 0o777 == 0o700
+    finally:
+        made.rmdir()
+
+
 def test_hangar_grade_starts_on_little_of_the_standard_library(tmp_path: Path) -> None:
     # It runs before pytest in every grade: tempfile, pathlib and runpy cost more to import than
     # the script itself (issue 16 item 4); it must stay on os and sys.
