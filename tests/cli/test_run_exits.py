@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from hangar_dagster.results.schema import INDEX_REBUILD
 from tests.conftest import cli_env, command_agent_spec, hangar, write_spec
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,10 @@ def test_a_grade_lost_in_a_crash_is_graded_by_resume_and_counted(
     con = duckdb.connect(str(home / "hangar.duckdb"))
     try:
         con.execute("DELETE FROM grades WHERE experiment_id = ?", [eid])
+        # experiment_index is stored, refreshed in the grade row's own transaction: after such
+        # a crash it never had the grade either
+        for sql in INDEX_REBUILD:
+            con.execute(sql)
     finally:
         con.close()
 
