@@ -147,7 +147,8 @@ def measure(store: Store, n: int, repeat: int, full_upto: int) -> dict[str, floa
         experiment_id=EXP,
         author="ana",
         variants={v: SimpleNamespace(tasks=[None] * (n // VARIANTS + 1)) for v in "abcd"},
-        spec=SimpleNamespace(trials=1),
+        # A cap far above the synthetic spend: the experiment's budget is read on every check.
+        spec=SimpleNamespace(trials=1, budget=SimpleNamespace(max_cost_usd=1e12)),
     )
     assert blocker(exp, store, settings, NOW) is None  # nothing blocks: the whole check runs
     state = store.start_state(EXP, settings.infra_retries)

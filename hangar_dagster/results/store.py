@@ -733,6 +733,14 @@ class EmbeddedStore(Store):
         fsync(pending)
         return marker
 
+    def _marked_file(self, entry: os.DirEntry[str]) -> Path | None:
+        """The record file a journal marker names, None while there is none to read: its
+        writer between creating the marker and its text (an empty name would be the whole
+        Parquet tree), or between the marker and the file."""
+        name = Path(entry.path).read_text()
+        path = self.paths.parquet / name
+        return path if name and path.is_file() else None
+
     def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
         path = self.paths.parquet / table.relpath(row)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -814,12 +822,12 @@ class EmbeddedStore(Store):
             marker = Path(entry.path)
             table = BY_NAME.get(marker.suffix.lstrip("."))
             try:
-                path = self.paths.parquet / marker.read_text()
+                path = self._marked_file(entry)
             except FileNotFoundError:
                 continue  # another reader took it
             if table is None:
                 continue
-            if not path.exists():
+            if path is None:
                 # a writer between its marker and its file, or one that died before the file:
                 # only a marker older than any write can be dropped
                 if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
@@ -973,8 +981,9 @@ class EmbeddedStore(Store):
             if table is None or table.name not in ("trials", "experiments"):
                 continue
             try:
-                path = self.paths.parquet / Path(entry.path).read_text()
-                self._tally_file(table, path, entry.name)
+                path = self._marked_file(entry)
+                if path is not None:
+                    self._tally_file(table, path, entry.name)
             except FileNotFoundError:
                 continue  # healed and removed meanwhile, or its writer is still writing it
 

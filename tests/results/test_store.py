@@ -380,6 +380,21 @@ def test_locked_duckdb_heals_from_parquet(
     assert _duck_rows(store, "SELECT trial_key, attempt FROM trials") == [("base/t1/1", 1)]
 
 
+def test_a_journal_marker_caught_before_its_text_is_left_to_its_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start check beside a slot's put once saw the marker between its creation and its
+    # text: it read the empty name as the whole Parquet tree (pyarrow: "Unable to merge").
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial())
+    caught = store.paths.pending / "0123abcd.trials"
+    caught.write_text("")
+    assert store.start_state(f.EXP, 1).open_counted == 0
+    assert store.next_attempt(f.EXP, "base/t1/1") == 2
+    assert [t.trial_key for t in Store(store.paths).trials(f.EXP)] == ["base/t1/1"]
+    assert caught.exists(), "its writer is still on it: the marker stays"
+
+
 _DIES_BEFORE_DUCKDB = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[2])
