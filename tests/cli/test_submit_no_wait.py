@@ -25,35 +25,39 @@ def stall() -> Iterator[Stall]:
     s.close()
 
 
+def _askers(url: str) -> list[int]:
+    """Pids of background reload processes asking ``url`` (``notify_webserver``'s child)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"hangar_dagster.cli.ui" in argv and url.encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
 def test_run_returns_promptly_though_the_webserver_never_answers(
     example_dir: Path, tmp_path: Path, stall: Stall
 ) -> None:
-    home = tmp_path / "home"
-    started = time.monotonic()
+    # Not timed: the CLI has exited while its reload request is still unanswered, so it did
+    # not wait on it (the old synchronous reload asked from the CLI's own process).
     submitted = hangar(
         "experiment",
         "run",
         str(example_dir / "experiment.yaml"),
-        home=home,
+        home=tmp_path / "home",
         env={"HANGAR_WEBSERVER_URL": stall.url},
         timeout=120,
     )
-    took = time.monotonic() - started
     assert submitted.returncode == 0, submitted.stderr
     assert "queued for the daemon" in submitted.stdout
-    # The control: the same submit with no webserver to ask. The old synchronous reload waited
-    # at least 30 s more; now the stalled webserver costs at most the background start.
-    started = time.monotonic()
-    control = hangar(
-        "experiment", "run", str(example_dir / "experiment.yaml"), home=tmp_path / "control",
-        timeout=120,
-    )  # fmt: skip
-    alone = time.monotonic() - started
-    assert control.returncode == 0, control.stderr
-    assert took < alone + 5, f"run took {took:.1f}s against a stalled webserver, {alone:.1f}s alone"
     assert "in the background" in submitted.stderr
+    askers = _askers(stall.url)
+    assert askers, "the reload is asked by a process that outlives the CLI"
     # The reload was asked for all the same, by the background process.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while b"reloadRepositoryLocation" not in stall.received and time.monotonic() < deadline:
         time.sleep(0.2)
     assert b"POST /graphql" in stall.received
