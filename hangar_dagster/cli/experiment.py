@@ -64,11 +64,24 @@ def run_cmd(
     console.print(
         f"submitted [bold]{exp.experiment_id}[/] ({len(exp.trial_keys())} trials, {len(exp.variants)} variants)"
     )
-    ensure_dagster_home(settings)  # the daemon and the UI need the instance even before a run
-    if not wait:
+    if not wait:  # before the instance: a submit the daemon cannot see yet is still queued
         from hangar_dagster.experiment.catalog import DAEMON_MARKER
 
         (p.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+    try:
+        ensure_dagster_home(settings)  # the daemon and the UI need the instance before a run
+    except OSError as e:
+        then = (
+            "the daemon runs it once it can"
+            if not wait
+            else f"then `hangar experiment resume {exp.experiment_id}` runs it"
+        )
+        err.print(
+            f"[red]error:[/] the Dagster instance's directory {settings.dagster_home} "
+            f"(DAGSTER_HOME) cannot be made: {e.strerror or e}. Point DAGSTER_HOME at a "
+            f"writable directory or free that path; {then}."
+        )
+        raise typer.Exit(2) from None
     notify_webserver(settings)  # in the background: returns at once whatever the webserver does
     if not wait:
         console.print(

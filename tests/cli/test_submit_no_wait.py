@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hangar_dagster.cli.ui import reload_location
+from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from tests.conftest import hangar, stage_succeeded, start_ui
 from tests.stall import Stall
 
@@ -112,3 +113,24 @@ def test_the_daemon_picks_the_experiment_up_though_the_reload_request_stalled(
     finally:
         ui.send_signal(signal.SIGTERM)
         ui.wait(timeout=120)
+
+
+def test_a_submit_whose_dagster_home_cannot_be_made_stays_queued_for_the_daemon(
+    example_dir: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    blocked = home / "dagster"
+    blocked.write_text("a file where the Dagster instance's directory goes\n")
+    submitted = hangar(
+        "experiment", "run", str(example_dir / "experiment.yaml"), home=home,
+        env={"DAGSTER_HOME": str(blocked)},
+    )  # fmt: skip
+    assert submitted.returncode == 2, submitted.stderr
+    assert "Traceback" not in submitted.stderr
+    experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
+    said = " ".join(submitted.stderr.split())
+    assert str(blocked) in said and "DAGSTER_HOME" in said, said
+    # The submit happened; the daemon runs it once the instance can be made.
+    marker = home / "experiments" / experiment_id / DAEMON_MARKER
+    assert marker.exists(), sorted(p.name for p in marker.parent.iterdir())
