@@ -18,9 +18,19 @@ It prints
   --trials is larger than one slice); the same with the work of the attempts still running at
   the end counted as work; and a slot's time between one trial's work and the next, from the
   slots rebuilt out of the stored records (``slot_gaps``: no run start or tail in it),
+- per trials run (a slice): its creation to its start (Dagster: the planned events) and to its
+  first trial, its last trial's or grade's end to the run's end (the tail: the steps' metadata,
+  pages and materialization events), the run's end to the next run's creation (the driver's
+  plan), and per slice the slots' idle share and idle slot-seconds per trial from this slice's
+  first trial start to the next slice's (``slices``),
 - the CPU seconds of the command with its children.
 
-    HANGAR_CORPUS=... .venv/bin/python benchmarks/scale.py [--trials 600] [--parallel 3]
+``--slice N`` sets ``HANGAR_RUN_PARTITIONS`` (the product's default is 500) so that the command
+crosses slice boundaries in minutes: ``--slice 40 --trials 130`` crosses three. The run's
+Dagster costs per partition (planned and materialization events, metadata) scale with the
+slice; its fixed costs (run start, definitions, the plan) weigh more per trial in a small one.
+
+    HANGAR_CORPUS=... .venv/bin/python benchmarks/scale.py [--trials 600] [--parallel 3] [--slice N]
 """
 
 from __future__ import annotations
@@ -114,6 +124,68 @@ def in_window(trials: list[Any], by_key: dict[tuple[str, int], Any], lo: float, 
     return total
 
 
+def slices(
+    trials: list[Any],
+    by_key: dict[tuple[str, int], Any],
+    runs: list[dict[str, Any]],
+    parallel: int,
+) -> list[dict[str, Any]]:
+    """Per trials run, in creation order: its head, tail and gap (s), and for each run followed by
+    another, the slice's cycle (this run's first trial start -> the next's), the work inside it,
+    and the slots' idle share and idle slot-seconds per trial started in it."""
+    ours = [r for r in runs if r["stage"] == "trials"]
+    out = []
+    for i, r in enumerate(ours):
+        mine = [t for t in trials if t.run_id == r["run_id"]]
+        if not mine:
+            continue
+        first = min(t.started_at.timestamp() for t in mine)
+        ends = [t.finished_at.timestamp() for t in mine]
+        ends += [g.graded_at.timestamp() for g in by_key.values() if g.run_id == r["run_id"]]
+        row: dict[str, Any] = {
+            "run_id": r["run_id"],
+            "trials": len(mine),
+            "to_run_start": r["to_start"],
+            "to_first_trial": first - r["created"],
+            "tail": None if r["ended"] is None else r["ended"] - max(ends),
+            "gap": None,
+            "idle_share": None,
+            "idle_per_trial": None,
+            "last_work": max(ends),
+            "steps": r["steps"],
+        }
+        following = ours[i + 1] if i + 1 < len(ours) else None
+        nxt = [t for t in trials if following is not None and t.run_id == following["run_id"]]
+        if following is not None and r["ended"] is not None and nxt:
+            row["gap"] = following["created"] - r["ended"]
+            hi = min(t.started_at.timestamp() for t in nxt)
+            cycle = hi - first
+            work = in_window(trials, by_key, first, hi)
+            row["cycle"] = cycle
+            row["idle_share"] = 1 - work / (parallel * cycle)
+            row["idle_per_trial"] = (parallel * cycle - work) / len(mine)
+            row["between"] = hi - max(ends)  # the last work of this slice -> the next's first
+        out.append(row)
+    return out
+
+
+def tail_parts(row: dict[str, Any]) -> str:
+    """The tail after the slice's last work, step by step: each step's body end (its first
+    materialization) and its end, from the last work (s)."""
+    parts = []
+    for step in ("trials", "grades"):
+        at = row["steps"].get(step, {})
+        marks = [
+            f"{name} {at[kind] - row['last_work']:.1f}"
+            for name, kind in (("start", "STEP_START"), ("body", "ASSET_MATERIALIZATION"))
+            if kind in at and (step != "trials" or name != "start")
+        ]
+        end = at.get("STEP_SUCCESS", at.get("STEP_FAILURE"))
+        marks += [] if end is None else [f"end {end - row['last_work']:.1f}"]
+        parts.append(f"{step}: " + ", ".join(marks))
+    return "; ".join(parts)
+
+
 def cpu_children() -> float:
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     return used.ru_utime + used.ru_stime
@@ -125,14 +197,16 @@ def grades_stored(home: Path) -> int:
 
 def dagster_runs(home: Path) -> list[dict[str, Any]]:
     """The stage runs of the home's SQLite instance, oldest first: stage, creation time (epoch
-    s), creation to start and start to end (s), and the planned events each wrote."""
+    s), creation to start and start to end (s), the planned events each wrote, and per step its
+    start, its first materialization (its body's end) and its end (epoch s)."""
     import sqlite3
+
+    epoch = "strftime('%s', {c}) + (strftime('%f', {c}) - CAST(strftime('%S', {c}) AS REAL))"
 
     history = home / "dagster" / "history"
     with closing(sqlite3.connect(f"file:{history / 'runs.db'}?mode=ro", uri=True)) as conn:
         rows = conn.execute(
-            "SELECT run_id, pipeline_name, strftime('%s', create_timestamp) + "
-            "(strftime('%f', create_timestamp) - CAST(strftime('%S', create_timestamp) AS REAL)),"
+            f"SELECT run_id, pipeline_name, {epoch.format(c='create_timestamp')},"
             " start_time, end_time FROM runs ORDER BY create_timestamp"
         ).fetchall()
     out = []
@@ -143,13 +217,24 @@ def dagster_runs(home: Path) -> list[dict[str, Any]]:
                 "SELECT count(*) FROM event_logs WHERE dagster_event_type = "
                 "'ASSET_MATERIALIZATION_PLANNED'"
             ).fetchall()
+            events = c.execute(
+                f"SELECT step_key, dagster_event_type, min({epoch.format(c='timestamp')}) "
+                "FROM event_logs WHERE dagster_event_type IN ('STEP_START', 'ASSET_MATERIALIZATION',"
+                " 'STEP_SUCCESS', 'STEP_FAILURE') GROUP BY step_key, dagster_event_type"
+            ).fetchall()
+        steps: dict[str, dict[str, float]] = {}
+        for step, kind, at in events:
+            steps.setdefault(step.split("__")[-1], {})[kind] = float(at)
         out.append(
             {
+                "run_id": run_id,
                 "stage": job.split("__")[-1].removesuffix("_job"),
                 "created": float(created),
+                "ended": ended,
                 "to_start": (started or created) - float(created),
                 "to_end": None if ended is None or started is None else ended - started,
                 "planned": planned,
+                "steps": steps,
             }
         )
     return out
@@ -160,15 +245,19 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=600, help="stop after this many grades")
     ap.add_argument("--parallel", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the HANGAR_HOME")
+    ap.add_argument(
+        "--slice", type=int, help="partitions per trials run (HANGAR_RUN_PARTITIONS; default 500)"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hangar-scale-"))
     home = tmp / "home"
     env = {**os.environ, "HANGAR_HOME": str(home), "HANGAR_EVAL_WINDOW": "always"}
+    if args.slice is not None:
+        env["HANGAR_RUN_PARTITIONS"] = str(args.slice)
     env.pop("DAGSTER_HOME", None)
     os.environ.update(env)
     from hangar_dagster.experiment.submit import submit
     from hangar_dagster.grading.grader import check_base
-    from hangar_dagster.queue.partitions import RUN_PARTITIONS
     from hangar_dagster.results.store import Store
     from hangar_dagster.settings import Settings
 
@@ -218,7 +307,7 @@ def main() -> None:
     slot_over = (window * args.parallel - work) / n
     print(
         f"trial keys: {len(exp.trial_keys())}, parallel {args.parallel}, run slice "
-        f"{RUN_PARTITIONS} partitions; stopped after {stopped - start:.1f} s"
+        f"{settings.run_partitions} partitions; stopped after {stopped - start:.1f} s"
     )
     print(f"command start to first trial start: {first_start:.1f} s (goal <= 30 s)")
     print(
@@ -263,6 +352,28 @@ def main() -> None:
             f"{statistics.mean(a) * 1000:.0f} ms ({len(a)}); grade end -> next start median "
             f"{statistics.median(b) * 1000:.0f} ms, mean {statistics.mean(b) * 1000:.0f} ms "
             f"({len(b)}); per trial {(statistics.mean(a) + statistics.mean(b)) * 1000:.0f} ms"
+        )
+    print(
+        "per trials run (s): creation -> run start, -> first trial; last trial/grade end -> run"
+        " end (tail); run end -> next run created (gap); from its first trial start to the next"
+        " slice's: the slots' idle share and idle slot-seconds per trial"
+    )
+    for row in slices(trials, by_key, stage_runs, args.parallel):
+
+        def f(v: float | None, spec: str = "6.1f") -> str:
+            return "   -  " if v is None else format(v, spec)
+
+        print(
+            f"  {row['run_id'][:8]} {row['trials']:4d} trials: {f(row['to_run_start'])}"
+            f" {f(row['to_first_trial'])}; tail {f(row['tail'])} ({tail_parts(row)});"
+            f" gap {f(row['gap'])}; "
+            + (
+                f"cycle {row['cycle']:.1f}, last work -> next first trial {row['between']:.1f},"
+                f" idle {row['idle_share']:.1%}, {row['idle_per_trial'] * 1000:.0f} ms of a slot"
+                " per trial"
+                if row["idle_share"] is not None
+                else "(last slice: not followed)"
+            )
         )
     print(f"CPU seconds of the command and its children: {cpu_children() - cpu0:.1f}")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")

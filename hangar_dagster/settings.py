@@ -30,6 +30,7 @@ TZ_VAR = "HANGAR_EVAL_TZ"
 TPM_BUDGET_VAR = "HANGAR_EVAL_TPM_BUDGET"
 RETRIES_VAR = "HANGAR_TRIAL_INFRA_RETRIES"
 BREAKER_VAR = "HANGAR_OUTAGE_BREAKER_STREAK"
+RUN_PARTITIONS_VAR = "HANGAR_RUN_PARTITIONS"
 TEAM_CAP_VAR = "HANGAR_EVAL_BUDGET_USD_MONTH"
 AUTHOR_CAP_VAR = "HANGAR_EVAL_AUTHOR_CAP_USD_MONTH"
 ALIASES_VAR = "HANGAR_MODEL_ALIASES"
@@ -173,6 +174,7 @@ class Settings:
     eval_tpm_budget: str = ""
     trial_infra_retries: str = ""
     outage_breaker_streak: str = ""
+    run_partitions_limit: str = ""  # at most this many partitions per trials run (500)
     eval_budget_usd_month: str = ""
     eval_author_cap_usd_month: str = ""
     model_aliases: frozenset[str] = frozenset()
@@ -215,6 +217,7 @@ class Settings:
             eval_tpm_budget=_text(env, TPM_BUDGET_VAR),
             trial_infra_retries=_text(env, RETRIES_VAR),
             outage_breaker_streak=_text(env, BREAKER_VAR),
+            run_partitions_limit=_text(env, RUN_PARTITIONS_VAR),
             eval_budget_usd_month=_text(env, TEAM_CAP_VAR),
             eval_author_cap_usd_month=_text(env, AUTHOR_CAP_VAR),
             model_aliases=frozenset(
@@ -296,6 +299,15 @@ class Settings:
         from hangar_dagster.queue.retries import DEFAULT_BREAKER_STREAK, parse_count
 
         return parse_count(BREAKER_VAR, self.outage_breaker_streak, DEFAULT_BREAKER_STREAK, 1)
+
+    @property
+    def run_partitions(self) -> int:
+        """At most this many partitions in one trials run (500; docs/architecture.md, "Runs over
+        pending work"); RetryConfigError naming the variable if bad."""
+        from hangar_dagster.queue.partitions import RUN_PARTITIONS
+        from hangar_dagster.queue.retries import parse_count
+
+        return parse_count(RUN_PARTITIONS_VAR, self.run_partitions_limit, RUN_PARTITIONS, 1)
 
     @property
     def tpm_budget(self) -> int | None:

@@ -21,6 +21,7 @@ code version of the pin-set, trial and grade assets (docs/architecture.md).
 
 import datetime as dt
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TypeVar
 
 import dagster as dg
@@ -58,6 +59,14 @@ def _report(context: dg.AssetExecutionContext, metadata: Iterable[tuple[str, md.
     """Each partition's metadata onto its materialization (emitted when the step ends)."""
     for partition_key, values in metadata:
         context.add_asset_metadata(values, partition_key=partition_key)
+
+
+def _newer(path: Path, than: dt.datetime) -> bool:
+    """``path`` exists and was written at or after ``than``."""
+    try:
+        return path.stat().st_mtime >= than.timestamp()
+    except FileNotFoundError:
+        return False
 
 
 def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition]:
@@ -170,15 +179,25 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             in_flight=in_flight,
             log=context.log,
         )
+        done = {k: p.record for k, p in ran.items() if p.record is not None}
+        # A trial already graded (in its slot, or earlier) gets its page, with the grade, from
+        # this run's grades step: written here as well, each page was written twice in the run's
+        # tail, while the slots wait for the next run (docs/architecture.md, "Runs over pending
+        # work"). The link is the same path.
+        graded = {
+            (g.trial_key, g.attempt)
+            for g in hangar.store().grades(exp.experiment_id, keys=[k.key for k in done])
+        }
         pages = {
-            k: write_trial_page(
+            k: page_path(hangar.paths, exp.experiment_id, k.key)
+            if (t.trial_key, t.attempt) in graded
+            else write_trial_page(
                 page_path(hangar.paths, exp.experiment_id, k.key),
                 f"{exp.name} ({exp.experiment_id})",
-                Evidence(p.record, None, ()),
+                Evidence(t, None, ()),
                 exp.canary,
             )
-            for k, p in ran.items()
-            if p.record is not None
+            for k, t in done.items()
         }
         _report(
             context,
@@ -230,12 +249,14 @@ def build_experiment_assets(exp: ResolvedExperiment) -> list[dg.AssetsDefinition
             if trial is None or trial.attempt != g.attempt:
                 return None
             tests = tuple(tests_of.get((k.key, g.attempt), ()))
-            page = write_trial_page(
-                page_path(hangar.paths, exp.experiment_id, k.key),
-                f"{exp.name} ({exp.experiment_id})",
-                Evidence(trial, g, tests),
-                exp.canary,
-            )
+            page = page_path(hangar.paths, exp.experiment_id, k.key)
+            # A grade of an earlier run has its page from that run's grades step, unless the
+            # page is older than the grade (that run stopped between the grade and the step):
+            # a relaunch writes the pages of what it graded, not of its whole range.
+            if g.run_id == context.run.run_id or not _newer(page, g.graded_at):
+                write_trial_page(
+                    page, f"{exp.name} ({exp.experiment_id})", Evidence(trial, g, tests), exp.canary
+                )
             pk = partition_key_of(k)
             return md.TrialLinks(
                 trial.run_id, trials.key, pk, md.partition_url(url, trials.key, pk), page

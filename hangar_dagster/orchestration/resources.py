@@ -34,6 +34,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     eval_tpm_budget: str = ""
     trial_infra_retries: str = ""
     outage_breaker_streak: str = ""
+    run_partitions_limit: str = ""
     eval_budget_usd_month: str = ""
     eval_author_cap_usd_month: str = ""
     model_aliases: str = ""  # lower case, space separated
@@ -69,6 +70,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             eval_tpm_budget=settings.eval_tpm_budget,
             trial_infra_retries=settings.trial_infra_retries,
             outage_breaker_streak=settings.outage_breaker_streak,
+            run_partitions_limit=settings.run_partitions_limit,
             eval_budget_usd_month=settings.eval_budget_usd_month,
             eval_author_cap_usd_month=settings.eval_author_cap_usd_month,
             model_aliases=" ".join(sorted(settings.model_aliases)),
@@ -103,6 +105,7 @@ class HangarResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             eval_tpm_budget=self.eval_tpm_budget,
             trial_infra_retries=self.trial_infra_retries,
             outage_breaker_streak=self.outage_breaker_streak,
+            run_partitions_limit=self.run_partitions_limit,
             eval_budget_usd_month=self.eval_budget_usd_month,
             eval_author_cap_usd_month=self.eval_author_cap_usd_month,
             model_aliases=frozenset(self.model_aliases.split()),

@@ -117,7 +117,7 @@ def open_decision(
     opened = (window.opens_at(now) or now).astimezone(window.tz)
     return dg.RunRequest(
         run_key=f"{eid}:trials:window-{opened:%Y-%m-%d}",
-        tags=stage_tags(exp, "trials", work.keys + work.grades),
+        tags=stage_tags(exp, "trials", work.keys + work.grades, settings.run_partitions),
     )
 
 

@@ -40,6 +40,7 @@ from hangar_dagster.queue.liveness import (
     read_run_process,
     worker_gone,
 )
+from hangar_dagster.queue.partitions import RUN_PARTITIONS
 from hangar_dagster.queue.stage_runs import (
     STAGE_RUN_RETRIES,
     EndedRun,
@@ -207,13 +208,17 @@ def started_since(runs: list[dg.RunRecord], at: dt.datetime | None) -> bool:
 
 
 def _request(
-    exp: ResolvedExperiment, stage: str, n: int, due: list[TrialKey] | None = None
+    exp: ResolvedExperiment,
+    stage: str,
+    n: int,
+    due: list[TrialKey] | None = None,
+    limit: int = RUN_PARTITIONS,
 ) -> dg.RunRequest:
     return dg.RunRequest(
         run_key=f"{exp.experiment_id}:{stage}:{n}",
         job_name=job_name(exp, stage),
         # The job's tags name the experiment too; here the sensor can say whose job is not loaded.
-        tags=stage_tags(exp, stage, due) | {TAG_EXPERIMENT: exp.experiment_id},
+        tags=stage_tags(exp, stage, due, limit) | {TAG_EXPERIMENT: exp.experiment_id},
     )
 
 
@@ -276,7 +281,9 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
                     if died:
                         out.notes.append(f"{exp.experiment_id}: {retry_note('trials', died)}")
                     due = work.grades if why else work.keys + work.grades
-                    out.requests.append(_request(exp, "trials", len(trials_runs) + 1, due))
+                    out.requests.append(
+                        _request(exp, "trials", len(trials_runs) + 1, due, settings.run_partitions)
+                    )
                     continue
                 out.waiting.append(f"{exp.experiment_id}: {why}")
         # The index follows every trials run, and is written once more when nothing else can run.

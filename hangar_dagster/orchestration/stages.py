@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
-from hangar_dagster.queue.partitions import run_range
+from hangar_dagster.queue.partitions import RUN_PARTITIONS, run_range
 from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG
 
 STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
@@ -110,14 +110,18 @@ def job_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
 
 
 def stage_tags(
-    exp: ResolvedExperiment, stage: str, due: Iterable[TrialKey] | None = None
+    exp: ResolvedExperiment,
+    stage: str,
+    due: Iterable[TrialKey] | None = None,
+    limit: int = RUN_PARTITIONS,
 ) -> dict[str, str]:
     """The tags of a stage's run: which partitions it covers and, for trials, the eval queue.
 
     Setup stages cover all their partitions. A trials run given ``due`` (the keys it should
     start or grade) covers only the next slice of them (``queue.partitions.run_range``): a
     run's cost in Dagster grows with its range, so a 50,000-partition experiment runs in slices
-    and a relaunch costs what it runs. Without ``due`` it covers every partition.
+    and a relaunch costs what it runs. Without ``due`` it covers every partition. ``limit``:
+    the slice's size (``Settings.run_partitions``).
     """
     variants_def, tasks_def, trials_def = partitions(exp)
     by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
@@ -126,7 +130,7 @@ def stage_tags(
         return {}
     if stage == "trials" and due is not None:
         dims = {d.name: d.partitions_def.get_partition_keys() for d in trials_def.partitions_defs}
-        span = run_range(dims["task_rep"], dims["variant"], due)
+        span = run_range(dims["task_rep"], dims["variant"], due, limit)
         if span is None:
             raise ValueError(f"a trials run of {exp.experiment_id} was asked for no due key")
         start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})

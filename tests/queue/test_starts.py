@@ -391,3 +391,24 @@ def test_a_trials_run_given_its_due_keys_covers_only_their_rectangle(
         == len(trials_def.get_partition_keys())
         > len(covered)
     )
+
+
+def test_the_slice_size_is_a_setting_and_narrows_the_run(exp: ResolvedExperiment) -> None:
+    import dagster as dg
+
+    from hangar_dagster.orchestration.stages import RANGE_END, RANGE_START, partitions
+    from hangar_dagster.queue.partitions import RUN_PARTITIONS
+    from hangar_dagster.queue.retries import RetryConfigError
+
+    assert Settings.from_env({}).run_partitions == RUN_PARTITIONS
+    width = len(exp.variants)
+    limit = Settings.from_env({"HANGAR_RUN_PARTITIONS": str(width)}).run_partitions
+    *_, trials_def = partitions(exp)
+    tags = stage_tags(exp, "trials", exp.trial_keys(), limit)
+    covered = trials_def.get_partition_keys_in_range(
+        dg.PartitionKeyRange(tags[RANGE_START], tags[RANGE_END])
+    )
+    assert 0 < len(covered) <= width < len(exp.trial_keys())  # one task_rep row, not all of them
+    assert len({k.split("|")[0] for k in covered}) == 1
+    with pytest.raises(RetryConfigError, match=r"HANGAR_RUN_PARTITIONS='0' is below 1"):
+        _ = Settings.from_env({"HANGAR_RUN_PARTITIONS": "0"}).run_partitions
