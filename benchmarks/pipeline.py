@@ -11,7 +11,7 @@ tests on a real patch), run with `hangar experiment run --wait` (real Dagster ru
   case for a run that starts keys in order). Run twice as two experiments with reuse off:
   the first has no history (keys start in partition order), the second knows each task's
   duration from the first (same pin set and tasks) and starts the longest work first.
-- trivial: 10 trials of each task (100), parallel 3, the agent `true`.
+- trivial: 10 trials of each task (100), parallel 3, the agent adding its file with no sleep.
 
 From the stored records of each experiment: work = a trial's duration_s + its grade's
 duration_s; makespan = first trial start -> last grade stored; the ideal fed-pool bound =

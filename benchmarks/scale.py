@@ -358,11 +358,11 @@ def main() -> None:
         " end (tail); run end -> next run created (gap); from its first trial start to the next"
         " slice's: the slots' idle share and idle slot-seconds per trial"
     )
+
+    def f(v: float | None, spec: str = "6.1f") -> str:
+        return "   -  " if v is None else format(v, spec)
+
     for row in slices(trials, by_key, stage_runs, args.parallel):
-
-        def f(v: float | None, spec: str = "6.1f") -> str:
-            return "   -  " if v is None else format(v, spec)
-
         print(
             f"  {row['run_id'][:8]} {row['trials']:4d} trials: {f(row['to_run_start'])}"
             f" {f(row['to_first_trial'])}; tail {f(row['tail'])} ({tail_parts(row)});"
