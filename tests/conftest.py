@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,49 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return self.groups.get(nodeid) or nodeid.split("::")[0]
 
     return ByGroup(config, log)
+
+
+# --- where the suite's time went -----------------------------------------------------------
+# After the slowest tests, the controller prints each worker's busy seconds and idle tail, and
+# the groups by time: the run is as long as its busiest worker, so these say whether a group
+# (the Docker one) is the critical path or the workers are balanced. docs/performance.md.
+_STARTED = time.monotonic()
+_BY_GROUP: dict[str, float] = {}
+_BY_WORKER: dict[str, list[float]] = {}  # worker -> [busy seconds, monotonic time of its last]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller sums what the workers report
+    node = getattr(report, "node", None)
+    worker = str(node.workerinput["workerid"]) if node is not None else "main"
+    _BY_GROUP[report.nodeid] = _BY_GROUP.get(report.nodeid, 0.0) + report.duration
+    busy = _BY_WORKER.setdefault(worker, [0.0, 0.0])
+    busy[0] += report.duration
+    busy[1] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _BY_WORKER:
+        return
+    import json
+
+    mapping: dict[str, str] = {}
+    if where := os.environ.get(GROUPS_DIR):
+        for found in sorted(Path(where).glob("*.json")):
+            mapping.update(json.loads(found.read_text()))
+    groups: dict[str, float] = {}
+    for nodeid, seconds in _BY_GROUP.items():
+        name = mapping.get(nodeid) or nodeid.split("::")[0]
+        groups[name] = groups.get(name, 0.0) + seconds
+    end = time.monotonic()
+    write = terminalreporter.write_line
+    terminalreporter.section("where the time went (tests/conftest.py)")
+    for worker, (busy, last) in sorted(_BY_WORKER.items()):
+        write(f"worker {worker}: {busy:.0f} s of tests, idle for the last {end - last:.0f} s")
+    write(f"run: {end - _STARTED:.0f} s; tests summed: {sum(groups.values()):.0f} s")
+    for name, seconds in sorted(groups.items(), key=lambda kv: -kv[1])[:25]:
+        write(f"{seconds:8.1f} s  {name}")
 
 
 # --- sandbox backends ----------------------------------------------------------------------
