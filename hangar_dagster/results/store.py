@@ -606,16 +606,19 @@ class EmbeddedStore(Store):
         self._commit(staged)
 
     @contextmanager
-    def rows_behind(self, every_s: float = 0.5) -> Iterator[None]:
+    def rows_behind(self, every_s: float = 2.0) -> Iterator[None]:
         """Within the block, a put writes its Parquet file, journal marker and tally rows as
         always and returns; a committer thread puts the DuckDB rows of what was staged in the
         last ``every_s`` through one connection, and the rest when the block ends.
 
         Opening and closing the DuckDB file and the insert are most of a small put, and a trial
         slot made two per trial (its trial, then its grade): the slots' time between trials
-        (docs/performance.md). Nothing is less safe: a crash inside the block loses no record
-        (each is stored and journaled at its put; the next read brings the rows in), and a read
-        meanwhile, in any thread or process, brings the journaled rows in itself."""
+        (docs/performance.md). Every 2 s, not 0.5: a commit opens, inserts and closes (a
+        checkpoint), and at 0.5 s the committer was a quarter of the CLI's busy samples during a
+        trials stage (py-spy, docs/performance.md). Nothing is less safe: a crash inside the
+        block loses no record (each is stored and journaled at its put; the next read brings the
+        rows in), and a read meanwhile, in any thread or process, brings the journaled rows in
+        itself."""
         if self._behind is not None:
             yield  # nested: the outer block commits
             return

@@ -136,7 +136,8 @@ def experiment(
 
 def trial(exp: ResolvedExperiment, paths: HangarPaths, attempt: int = 1) -> tuple[TrialRecord, str]:
     record, patch = run_trial(TrialRequest(exp, KEY, attempt, None, "run-1"), settings())
-    assert list(paths.work.iterdir()) == []  # the scratch dir is gone, whatever the outcome
+    # The scratch dir is gone, whatever the outcome (grading/ holds the pristine clones).
+    assert [p.name for p in paths.work.iterdir() if p.name != "grading"] == []
     return record, patch
 
 
@@ -238,6 +239,25 @@ def test_the_clone_holds_the_base_and_nothing_later(
     assert upstream.base in seen and upstream.later not in seen
 
 
+def test_a_clone_the_agent_overwrote_leaves_the_next_trials_clone_whole(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    # Trials copy one pristine clone per (repo, base) kept under the work dir: the copy's files
+    # are the agent's own (no shared inode), and the pristine clone is out of the sandbox's sight.
+    pristine = paths.work / "grading" / "pristine"
+    vandal = (
+        'chmod -R u+w .git && find .git -type f | while read -r f; do echo x > "$f"; done; '
+        f"test ! -e {pristine} && {FIX}"
+    )
+    first, _ = trial(experiment(tmp_path, upstream, vandal), paths, attempt=1)
+    assert first.outcome_class == "completed", first.error
+    assert [p.name for p in pristine.iterdir()], "the trial did not use the pristine clone"
+    whole = f"git fsck --strict --no-dangling && git cat-file -e {upstream.base} && {FIX}"
+    second, patch = trial(experiment(tmp_path, upstream, whole), paths, attempt=2)
+    assert second.outcome_class == "completed", second.error
+    assert "+    return a + b" in patch
+
+
 def test_git_config_written_by_the_agent_does_not_run_on_the_host(
     tmp_path: Path, upstream: Upstream, paths: HangarPaths
 ) -> None:
@@ -318,6 +338,24 @@ def test_without_a_build_the_agent_and_verify_run_in_the_runner_environment(
     assert record.outcome_class == "completed", record.error
     assert record.verify_passed is True and record.verify_exit_code == 0
     assert record.build_digest is None  # nothing was built: the runner environment is no build
+
+
+def test_verify_reads_the_runner_environments_bytecode_and_writes_none(
+    tmp_path: Path, upstream: Upstream, paths: HangarPaths
+) -> None:
+    # Verify runs after the patch is taken, so it needs no pycache prefix (which makes Python
+    # ignore every compiled module and compile pytest afresh, ~1.7 CPU s per run): it loads the
+    # runner's pycs, still writes no bytecode, and the patch carries none.
+    probe = (
+        "import os, sys, pytest; assert sys.pycache_prefix is None, sys.pycache_prefix; "
+        "assert sys.dont_write_bytecode; assert os.path.isfile(pytest.__spec__.cached)"
+    )
+    verify = f'python -c "{probe}" && python -c "import calc"'
+    record, patch = trial(experiment(tmp_path, upstream, FIX, verify=verify), paths)
+    assert record.outcome_class == "completed", record.error
+    log = (Path(record.artifacts_dir) / "verify.log").read_text()
+    assert record.verify_passed is True, log
+    assert ".pyc" not in patch and "__pycache__" not in patch
 
 
 @pytest.mark.parametrize(
