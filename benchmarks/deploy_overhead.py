@@ -18,12 +18,18 @@ Both run every trial in a Docker sandbox of the same image, so the sandbox's own
 both; per-trial overhead = (deployment wall - embedded wall) / trials, from the medians of the
 rounds and from each round's pair, is what the deployment adds. Prints every round's walls,
 the medians, the ratio, the per-trial overhead and the trials' own median duration in each;
-the figures go into docs/performance.md.
+the figures go into docs/performance.md. After each experiment it prints its stage runs'
+timeline (benchmarks/stage_timeline.py: created, queued, launched, worker up, first step, end,
+and the gap since the previous run's end) and the driver sensor's ticks, and beside each wall
+the machine's busy CPU seconds meanwhile (every process, other users' too: read it with the
+load average). Two sizes (--trials 1 and 3) separate the part per experiment from the part
+per trial.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -55,6 +61,25 @@ def make_spec(example: Path, image: str, trials: int, name: str) -> Path:
     return path
 
 
+def machine_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat: every process, containers
+    too, and whatever else the machine runs: read beside the load average)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def print_timeline(env: dict[str, str], eid: str, submit: float) -> None:
+    """The experiment's stage runs' timeline (benchmarks/stage_timeline.py) from its instance."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "stage_timeline.py"), eid, str(submit)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    print(out.stdout + out.stderr[-2000:], flush=True)
+
+
 def submitted(out: str) -> str:
     return out.split("submitted ")[1].split()[0]
 
@@ -67,22 +92,26 @@ def on_deployment(dep: Deployment, spec: Path, planned: int) -> tuple[float, lis
     """Wall seconds from the submit to the experiment complete and indexed; trial durations."""
     env = dep.host_env()
     store = Store(Settings.from_env(env).paths)
-    t0 = time.monotonic()
+    t0, submit = time.monotonic(), time.time()
     done = subprocess.run(
         [HANGAR, "experiment", "run", str(spec)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     eid = submitted(done.stdout)
     while True:
-        if len(store.grades(eid)) >= planned and (dep.home / "experiments" / eid).exists():
-            index = subprocess.run(
-                [HANGAR, "experiment", "get", eid, "--json"],
-                env=env,
-                capture_output=True,
-                text=True,
+        if len(store.grades(eid)) >= planned:
+            # State "complete" (experiment/state.py): no run in flight and the index written
+            # after the last trial, i.e. the index run has ended, as `run --wait` waits for it.
+            # (`experiment get`'s "complete": true, read before session 33, says only that no
+            # trial or grade is left: it came before the index run, which was not timed.)
+            listed = subprocess.run(
+                [HANGAR, "experiment", "list", "--json"], env=env, capture_output=True, text=True
             )
-            if '"complete": true' in index.stdout:
-                return time.monotonic() - t0, durations(store, eid)
+            rows = json.loads(listed.stdout or "[]")
+            if any(r.get("experiment_id") == eid and r.get("state") == "complete" for r in rows):
+                wall = time.monotonic() - t0
+                print_timeline(env, eid, submit)
+                return wall, durations(store, eid)
         time.sleep(1)
 
 
@@ -90,13 +119,15 @@ def embedded(spec: Path, home: Path) -> tuple[float, list[float]]:
     """Wall seconds of `run --wait` on a fresh embedded home; trial durations."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HANGAR_", "DAGSTER_"))}
     env |= {"HANGAR_HOME": str(home), "HANGAR_EVAL_WINDOW": "always"}
-    t0 = time.monotonic()
+    t0, submit = time.monotonic(), time.time()
     done = subprocess.run(
         [HANGAR, "experiment", "run", str(spec), "--wait"], env=env, capture_output=True, text=True
     )
     wall = time.monotonic() - t0
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return wall, durations(Store(Settings.from_env(env).paths), submitted(done.stdout))
+    eid = submitted(done.stdout)
+    print_timeline(env | {"DAGSTER_HOME": str(home / "dagster")}, eid, submit)
+    return wall, durations(Store(Settings.from_env(env).paths), eid)
 
 
 def main() -> int:
@@ -113,13 +144,20 @@ def main() -> int:
         example = copy_example(dep.shared / "example")
         for n in range(args.rounds):
             spec = make_spec(example, dep.image, args.trials, f"skills-ab-bench-{n}")
-            for way, (wall, took) in (
-                ("deployment", on_deployment(dep, spec, planned)),
-                ("embedded", embedded(spec, work / f"embedded-{n}")),
-            ):
+            for way in ("deployment", "embedded"):
+                cpu0 = machine_cpu_s()
+                if way == "deployment":
+                    wall, took = on_deployment(dep, spec, planned)
+                else:
+                    wall, took = embedded(spec, work / f"embedded-{n}")
+                cpu = machine_cpu_s() - cpu0
                 walls[way].append(wall)
                 trial_s[way] += took
-                print(f"round {n + 1} {way}: {wall:.1f} s (load {os.getloadavg()[0]:.1f})")
+                print(
+                    f"round {n + 1} {way}: {wall:.1f} s, machine CPU {cpu:.1f} s "
+                    f"(load {' '.join(f'{x:.1f}' for x in os.getloadavg())})",
+                    flush=True,
+                )
     finally:
         dep.down()
         shutil.rmtree(work, ignore_errors=True)

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from hangar_dagster.results import local
@@ -243,6 +242,10 @@ class Compactor:
         sources = [Path(e.path) for e in small + merge]
         if len(sources) < 2:
             return 0
+        # Here, not at the top: pyarrow.dataset imports pandas (about 1 CPU s), which every
+        # process importing the store (each stage run's worker, each CLI call) paid unused.
+        import pyarrow.dataset as ds
+
         rows = ds.dataset(sources, schema=table.arrow_schema(), format="parquet").to_table()
         rows = _first_per_key(table, rows)
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
