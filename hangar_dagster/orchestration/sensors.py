@@ -329,9 +329,10 @@ def foreign_daemon(instance: dg.DagsterInstance, settings: Settings) -> str | No
 
 
 def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:
-    @dg.sensor(
-        jobs=jobs, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING
-    )
+    # Every 5 s, the daemon's sensor loop's own period (it evaluates no sensor more often): an
+    # experiment's next stage waits for this tick after each run (docs/operations.md, "The
+    # daemon's intervals").
+    @dg.sensor(jobs=jobs, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
     def experiment_driver(
         context: dg.SensorEvaluationContext, hangar: HangarResource
     ) -> Iterator[dg.RunRequest | dg.SkipReason]:

@@ -26,6 +26,21 @@ def test_deploy_instance_yaml_validates_against_dagsters_instance_schema(monkeyp
     assert "postgres" in config["storage"]
 
 
+def test_the_deployments_run_queue_dequeues_every_second_beside_its_concurrency_block() -> None:
+    # Dagster refuses some run_coordinator config beside `concurrency: runs:`; the dequeue
+    # interval must load through the real coordinator, not only pass the schema.
+    from dagster._config import process_config
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+
+    coordinator = yaml.safe_load((DOCKER / "dagster.yaml").read_text())["run_coordinator"]
+    result = process_config(QueuedRunCoordinator.config_type(), coordinator["config"])
+    assert result.success, result.errors
+    queue = QueuedRunCoordinator.from_config_value(None, result.value)  # type: ignore[arg-type]
+    assert queue.dequeue_interval_seconds == 1
+    # Dagster's default (5 s) is what each stage run used to wait (docs/performance.md).
+    assert QueuedRunCoordinator().dequeue_interval_seconds == 5
+
+
 def test_deploy_run_launcher_config_is_accepted_by_dagster_docker(monkeypatch) -> None:
     from dagster._config import process_config
     from dagster_docker import DockerRunLauncher
