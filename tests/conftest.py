@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _xdist_groups(items, resolved)
 
 
-# --- two workers (`bash scripts/test` runs pytest-xdist) ------------------------------------
+# --- xdist workers (`bash scripts/test` runs pytest-xdist) ----------------------------------
 # A worker takes a whole group: a module's tests stay together, so its module and session
 # fixtures (a shared build, the corpus's grade cache) are made once. Every test that needs the
 # Docker engine is one group, run by one worker at a time: `cleanup_leftovers` removes every
