@@ -44,6 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.inspect_compare import machine_cpu_s  # noqa: E402
 from hangar_dagster.results.store import Store  # noqa: E402
 from hangar_dagster.settings import Settings  # noqa: E402
 from tests.conftest import copy_example  # noqa: E402
@@ -59,14 +60,6 @@ def make_spec(example: Path, image: str, trials: int, name: str) -> Path:
     path = example / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (/proc/stat: every process, containers
-    too, and whatever else the machine runs: read beside the load average)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def print_timeline(env: dict[str, str], eid: str, submit: float) -> None:

@@ -135,11 +135,20 @@ def _xdist_groups(items: list[pytest.Item], resolved: list[tuple[pytest.Item, st
     os.replace(Path(where, f"{worker}.json.tmp"), Path(where, f"{worker}.json"))
 
 
+def _worker_groups(where: Path) -> dict[str, str]:
+    """The nodeid -> group maps every worker wrote into ``where``, merged."""
+    import json
+
+    groups: dict[str, str] = {}
+    for found in sorted(where.glob("*.json")):
+        groups.update(json.loads(found.read_text()))
+    return groups
+
+
 @pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist runs the suite in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduler with our groups as its scopes (a whole group per worker). Work
     goes out in collection order, which the workers sorted longest first."""
-    import json
 
     from xdist.scheduler import LoadScopeScheduling
 
@@ -152,9 +161,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             # Called once every worker has collected, so every worker's map is written.
             if self.groups is None:
-                self.groups = {}
-                for found in sorted(where.glob("*.json")):
-                    self.groups.update(json.loads(found.read_text()))
+                self.groups = _worker_groups(where)
             return self.groups.get(nodeid) or nodeid.split("::")[0]
 
     return ByGroup(config, log)
@@ -183,12 +190,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") or not _BY_WORKER:
         return
-    import json
-
-    mapping: dict[str, str] = {}
-    if where := os.environ.get(GROUPS_DIR):
-        for found in sorted(Path(where).glob("*.json")):
-            mapping.update(json.loads(found.read_text()))
+    where = os.environ.get(GROUPS_DIR)
+    mapping = _worker_groups(Path(where)) if where else {}
     groups: dict[str, float] = {}
     for nodeid, seconds in _BY_GROUP.items():
         name = mapping.get(nodeid) or nodeid.split("::")[0]

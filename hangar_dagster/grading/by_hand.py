@@ -15,6 +15,7 @@ from hangar_dagster.grading.grader import (
     check_environment,
     grade_trust,
     grader_runner,
+    grading_root,
     run_grader,
     task_build,
 )
@@ -61,7 +62,7 @@ def grade_by_hand(spec_path: Path, task_id: str, patch: str, settings: Settings)
     built = ensure_build(plan, settings) if plan is not None else None
     run = run_grader(
         experiment, task_id, patch, label=f"{label}-{task_id}",
-        work_root=paths.work / "grading", env_extra={"HANGAR_TRIAL": f"{label}/{task_id}"},
+        work_root=grading_root(paths), env_extra={"HANGAR_TRIAL": f"{label}/{task_id}"},
         settings=settings,
         built=built,
     )  # fmt: skip

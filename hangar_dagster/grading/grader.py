@@ -132,6 +132,12 @@ _MESSAGE_CHARS = 200  # of a test's failure / skip message kept per test
 PRISTINE = "pristine"  # in a grader's work root: one pristine clone per (repo, base SHA)
 
 
+def grading_root(paths: HangarPaths) -> Path:
+    """Where grades work: each grade's scratch dir, and the pristine clones (``PRISTINE``) that
+    grades and trials copy."""
+    return paths.work / "grading"
+
+
 @dataclass(frozen=True)
 class HiddenTestResult:
     """One hidden test as the grade stores it (grade_tests): outcome, time, short message."""
@@ -716,7 +722,7 @@ def grader_run(
         trial.task,
         patch,
         label=trial.trial_key,
-        work_root=paths.work / "grading",
+        work_root=grading_root(paths),
         env_extra={"HANGAR_TRIAL": trial.trial_key, "HANGAR_VARIANT": trial.variant},
         expected_tests=base_check.expected_tests if base_check is not None else (),
         built=built,
@@ -866,7 +872,7 @@ def check_base(
     mirror that cannot be opened raises ``MirrorUnavailable`` (nothing is stored).
     """
     task = experiment.tasks[task_id]
-    work_root = paths.work / "grading"
+    work_root = grading_root(paths)
     env = {"HANGAR_TRIAL": f"base-check/{task_id}"}
     built: Built | None = None
     build_log = ""

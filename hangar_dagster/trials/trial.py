@@ -60,7 +60,7 @@ from hangar_dagster.experiment.plan import (
     ResolvedVariant,
     TrialKey,
 )
-from hangar_dagster.grading.grader import PRISTINE
+from hangar_dagster.grading.grader import PRISTINE, grading_root
 from hangar_dagster.grading.signals import canary_hits
 from hangar_dagster.queue.drain import TrialCancel
 from hangar_dagster.results.records import OutcomeClass, TrialRecord, utcnow
@@ -244,7 +244,7 @@ def _prepare(
     try:
         # A copy of the task's pristine clone, the one the grades copy (never mounted): one
         # `cp -a` instead of seven git runs per trial.
-        cached_clone(task.repo, task.base_sha, repo, settings.paths.work / "grading" / PRISTINE)
+        cached_clone(task.repo, task.base_sha, repo, grading_root(settings.paths) / PRISTINE)
         # The agent can rewrite repo/.git; patches are taken with this copy (see take_patch).
         shutil.copytree(repo / ".git", git_dir, symlinks=True)
     except GitError as err:
