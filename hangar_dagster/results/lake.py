@@ -67,6 +67,9 @@ KEYS = "hangar_store_keys"
 INLINE_ROWS = 1000
 # A process flushes inlined rows after this many puts of its own (compact stays callable).
 FLUSH_EVERY = 500
+# Replaced files and old snapshots outlive a compaction this long: a reader's open snapshot
+# still reads them.
+KEEP_REPLACED_S = 3600
 _RETRIES = 50
 
 
@@ -268,8 +271,13 @@ class LakeStore(Store):
             self._drop_orphan_tests(row)
             self._put_rows(tests, [tests.to_row(t) for t in record.tests])
         self._put_rows(table, [row])
-        self._puts += 1
-        if self._puts % FLUSH_EVERY == 0:
+        self._count_puts(1)
+
+    def _count_puts(self, n: int) -> None:
+        """Flush inlined rows each time this process's puts, single or batched, pass a multiple
+        of FLUSH_EVERY: inlined rows live in the catalog until a flush writes them out."""
+        before, self._puts = self._puts, self._puts + n
+        if before // FLUSH_EVERY != self._puts // FLUSH_EVERY:
             try:
                 self.compact()
             except duckdb.Error as e:  # another writer's flush won; the next one catches up
@@ -306,6 +314,7 @@ class LakeStore(Store):
                 self._unlock_keys(table, keys)
             for row in rows:  # a stored key among them: the one-by-one path says which
                 self._put_rows(table, [row])
+        self._count_puts(len(records))
 
     @staticmethod
     def _key(table: Table, row: dict[str, Any]) -> str:
@@ -491,11 +500,13 @@ class LakeStore(Store):
     def sync(self) -> int:
         return 0  # one engine, one truth: nothing to bring level
 
-    def compact(self) -> int:
+    def compact(self, keep_replaced_s: int = KEEP_REPLACED_S) -> int:
         """Write inlined rows out as Parquet, merge small files, drop files no snapshot needs.
 
-        Returns how many data files fewer there are. Old snapshots are kept for an hour, so a
-        reader's long query keeps its files.
+        Returns how many data files fewer there are (in the catalog). Old snapshots, and the
+        files a compaction replaced, are kept ``keep_replaced_s`` (an hour): a reader's open
+        snapshot still lists them, and a writer's flush may run in the middle of it. 0 deletes
+        them at once: only when no reader can be open (a test, a loader done with the lake).
         """
         with self._index_lock(), self._db() as con:
             before = self._files(con)
@@ -514,10 +525,11 @@ class LakeStore(Store):
             self._retrying(
                 con, lambda c: c.execute(f"CALL ducklake_merge_adjacent_files('{CATALOG}')")
             )
-            con.execute(
-                f"CALL ducklake_expire_snapshots('{CATALOG}', older_than => now() - INTERVAL 1 HOUR)"
-            )
-            con.execute(f"CALL ducklake_cleanup_old_files('{CATALOG}', cleanup_all => true)")
+            # cleanup_all would delete files an analyst's snapshot is reading (it did, under
+            # the 8-writer test once batched puts flushed too)
+            older = f"older_than => now() - INTERVAL {int(keep_replaced_s)} SECOND"
+            con.execute(f"CALL ducklake_expire_snapshots('{CATALOG}', {older})")
+            con.execute(f"CALL ducklake_cleanup_old_files('{CATALOG}', {older})")
             return before - self._files(con)
 
     @staticmethod

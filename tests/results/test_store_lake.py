@@ -177,8 +177,10 @@ def test_eight_writer_processes_lose_nothing_and_an_analyst_sees_snapshots(
     analyst.close()
     assert sum(r["passed"] for r in store.summary(f.EXP)) == total // 2
 
-    # Compaction writes the inlined rows out: few files, readable by any hive reader.
-    store.compact()
+    # Compaction writes the inlined rows out: few files, readable by any hive reader. The
+    # writers' own flushes kept what they replaced (an analyst was reading); with every reader
+    # gone, 0 deletes those too.
+    store.compact(keep_replaced_s=0)
     lake = Path(lake_env["HANGAR_STORE_DATA"])
     files = sorted((lake / "main" / "trials").rglob("*.parquet"))
     assert 1 <= len(files) <= 4, files
@@ -404,3 +406,54 @@ def test_the_lake_keeps_its_index_current_in_any_order(lake_env: dict[str, str])
     assert len(index) == 2 * 3 * 6 * 2
     store.compact()  # the index's files written again without their replaced rows
     assert store._query(f"SELECT * FROM experiment_index {order}", []) == index
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-by-one", "put_many"])
+def test_batched_puts_flush_inlined_rows_as_often_as_single_ones(
+    lake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, batched: bool
+) -> None:
+    """Regression: only `put` counted toward FLUSH_EVERY, so a loader that wrote in batches kept
+    every row inlined in the catalog until someone called compact by hand."""
+    from hangar_dagster.results import lake
+
+    monkeypatch.setattr(lake, "FLUSH_EVERY", 4)
+    store = Store(paths())
+    trials = [f.trial(task=f"t{n}") for n in range(9)]
+    for i in range(0, len(trials), 3):
+        if batched:
+            store.put_many(trials[i : i + 3])
+        else:
+            for t in trials[i : i + 3]:
+                store.put(t)
+    files = list((Path(lake_env["HANGAR_STORE_DATA"]) / "main" / "trials").rglob("*.parquet"))
+    assert files, "9 puts with FLUSH_EVERY = 4 wrote no inlined row out"
+    assert len(store.trials(f.EXP)) == 9
+
+
+def test_a_compaction_leaves_the_files_of_an_open_analyst_snapshot(
+    lake_env: dict[str, str],
+) -> None:
+    """Regression: compact deleted every replaced file at once (cleanup_all), so an analyst
+    whose transaction began before a writer's flush failed reading a file that was gone."""
+    store = Store(paths())
+    assert isinstance(store, LakeStore)
+    store.put_many([f.trial(task=f"t{n}") for n in range(3)])
+    store.compact()  # the rows in Parquet files: the next compaction merges (replaces) them
+    analyst = duckdb.connect()
+    analyst.execute(attach_sql(lake_env["HANGAR_STORE_CATALOG"], read_only=True))
+    analyst.execute("BEGIN")
+    read = "SELECT count(DISTINCT task) FROM trials"  # reads the files, not the catalog counts
+    first = analyst.execute(read).fetchone()
+    store.put_many([f.trial(task=f"t{n}") for n in range(3, 6)])
+    live = (
+        "SELECT path FROM __ducklake_metadata_hangar.ducklake_data_file WHERE end_snapshot IS NULL"
+    )
+    with store._db() as con:
+        before = {p for (p,) in con.execute(live).fetchall()}
+    store.compact()
+    with store._db() as con:
+        after = {p for (p,) in con.execute(live).fetchall()}
+    assert before - after, "the compaction replaced no file: the test would show nothing"
+    assert analyst.execute(read).fetchone() == first == (3,)
+    analyst.execute("COMMIT")
+    assert analyst.execute(read).fetchone() == (6,)
