@@ -10,7 +10,7 @@ run weighs on both alike; reuse is off, so every round runs every trial:
 
 - deployment: `hangar experiment run SPEC` on the host, the daemon launching every stage run
   in a run worker container, results in the DuckLake store; timed from the submit to the
-  moment the store has every trial graded and the index run has ended;
+  moment the store has every trial graded and the run that writes the index has ended;
 - embedded: `hangar experiment run SPEC --wait` on a fresh HANGAR_HOME (SQLite instance,
   embedded store, stages in the CLI's process).
 
@@ -94,7 +94,8 @@ def on_deployment(dep: Deployment, spec: Path, planned: int) -> tuple[float, lis
     while True:
         if len(store.grades(eid)) >= planned:
             # State "complete" (experiment/state.py): no run in flight and the index written
-            # after the last trial, i.e. the index run has ended, as `run --wait` waits for it.
+            # after the last trial, i.e. the run that writes it (the last trials run) has ended,
+            # as `run --wait` waits for it.
             # (`experiment get`'s "complete": true, read before session 33, says only that no
             # trial or grade is left: it came before the index run, which was not timed.)
             listed = subprocess.run(

@@ -51,7 +51,8 @@ UI_MODES = frozenset({"ui-worker", "daemon", "ui"})
 # The stages a kill is aimed at (``--aim``, the default): the round waits until the run is
 # seen in the stage, then a random fraction of a second more, and kills. A drain only acts on
 # a trials run, so it is aimed at the trials stages alone.
-STAGES = ("spec", "pin_sets", "base_checks", "mid-trial", "mid-verify", "mid-grade", "index")
+# The spec runs in the pin sets' run, the index in the last trials run (stages.stage_assets).
+STAGES = ("pin_sets", "base_checks", "mid-trial", "mid-verify", "mid-grade")
 TRIAL_STAGES = ("mid-trial", "mid-verify", "mid-grade")
 AIM_DELAY_S = 0.8  # the kill lands uniformly within this long after the stage is first seen
 AGENT = "sleep 1.5\n"  # long enough that a kill can land mid-agent; the fix follows
@@ -155,13 +156,12 @@ def in_flight(home: Path, experiment_id: str | None) -> list[tuple[str, str]]:
 
 
 def index_done(home: Path, experiment_id: str) -> bool:
-    """Whether the experiment's index run succeeded (its last stage: the experiment ended)."""
-    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+    """Whether a run that writes the experiment's index succeeded (the last trials run, or an
+    index run alone: the experiment ended)."""
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, writes_index
 
     return any(
-        status == "SUCCESS"
-        and tags.get(TAG_EXPERIMENT) == experiment_id
-        and tags.get(TAG_STAGE) == "index"
+        status == "SUCCESS" and tags.get(TAG_EXPERIMENT) == experiment_id and writes_index(tags)
         for _, status, tags in _runs(home)
     )
 

@@ -542,15 +542,19 @@ SLEEP_THEN_FIX = 'case "$HANGAR_SEED" in *:1) sleep 600;; esac\n' + FIX_MEDIAN
 
 
 def stage_succeeded(home: Path, experiment_id: str, stage: str) -> bool:
-    """Whether a run of ``experiment_id``'s ``stage`` succeeded in ``home``'s Dagster instance."""
+    """Whether a run of ``experiment_id``'s ``stage`` succeeded in ``home``'s Dagster instance.
+
+    ``stage`` "index": a run that writes the index (the last trials run, or the index's own).
+    """
     import dagster as dg
 
-    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_STAGE
+    from hangar_dagster.orchestration.stages import TAG_EXPERIMENT, TAG_INDEX, TAG_STAGE
 
+    selects = {TAG_INDEX: "true"} if stage == "index" else {TAG_STAGE: stage}
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         records = instance.get_run_records(
             dg.RunsFilter(
-                tags={TAG_EXPERIMENT: experiment_id, TAG_STAGE: stage},
+                tags={TAG_EXPERIMENT: experiment_id} | selects,
                 statuses=[dg.DagsterRunStatus.SUCCESS],
             )
         )

@@ -102,7 +102,7 @@ def test_every_stage_is_a_successful_dagster_run_with_partition_materializations
         with dg.DagsterInstance.get() as instance:
             runs = instance.get_runs(dg.RunsFilter(tags={"hangar/experiment": experiment_id}))
             assert sorted(r.tags["hangar/stage"] for r in runs) == sorted(
-                ["spec", "pin_sets", "base_checks", "trials", "index"]
+                ["pin_sets", "base_checks", "trials"]
             )
             assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
             mats = instance.fetch_materializations(

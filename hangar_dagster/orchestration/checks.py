@@ -15,7 +15,7 @@
 - ``<exp>/index``: ``readback``, WARN and never blocking: fails with one line per thing a
   reader of the report could not read (``results/readback.py``), each with its fix. The index
   step evaluates it on the report it has just built and written (``readback_result``): the
-  report is built once per index run, not again in a check step of its own.
+  report is built once per run that writes the index, not again in a check step of its own.
 
 Each check reads what its asset stored. The verdicts themselves are
 Dagster-free (``grading/verdicts.py``). Jobs that select an asset run its checks

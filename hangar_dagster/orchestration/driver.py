@@ -6,7 +6,7 @@ eval-queue work. ``run_stages`` executes the
 stages in this process against the shared instance (``hangar experiment run
 --wait``): the setup stages once, then trials runs while the queue has work
 for the experiment (waiting for the eval window when it is closed), then the
-index unless the last run wrote it (a regrade's trials run does: ``stages.stage_assets``). The ``experiment_driver`` sensor walks the same stages through the
+index unless the last run wrote it (the last slice's trials run does: ``stages.stage_tags``). The ``experiment_driver`` sensor walks the same stages through the
 daemon instead (no ``--wait``).
 """
 
@@ -26,7 +26,14 @@ import dagster as dg
 from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.instance import ensure_dagster_home
-from hangar_dagster.orchestration.stages import job_name, setup_stages, stage_tags, writes_index
+from hangar_dagster.orchestration.stages import (
+    job_name,
+    job_tags,
+    run_selection,
+    setup_stages,
+    stage_tags,
+    writes_index,
+)
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
 from hangar_dagster.queue.starts import (
@@ -110,9 +117,16 @@ def run_stages(
             raise Interrupted(why)
         job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
         tags = stage_tags(exp, stage, due, settings.run_partitions) | {TAG_CREATOR: creator_tag()}
-        result = dg.execute_job(job, instance, run_config=QUIET, tags=tags, raise_on_error=False)
+        result = dg.execute_job(
+            job,
+            instance,
+            run_config=QUIET,
+            tags=tags,
+            raise_on_error=False,
+            asset_selection=run_selection(exp, stage, tags),
+        )
         run_ids.append(result.run_id)
-        indexed = result.success and writes_index(exp, stage)
+        indexed = result.success and writes_index(job_tags(exp, stage) | tags)
         if why := interrupted():  # the run ended early because of it: say that, not its status
             raise Interrupted(why)
         if result.success:

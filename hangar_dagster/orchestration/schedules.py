@@ -43,7 +43,7 @@ from hangar_dagster.orchestration.sensors import (
     setup_gap,
     stage_runs,
 )
-from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, stage_tags
+from hangar_dagster.orchestration.stages import TAG_STAGE, job_name, run_selection, stage_tags
 from hangar_dagster.queue.starts import (
     OPEN_GRACE,
     blocker,
@@ -115,9 +115,11 @@ def open_decision(
     if why is not None:
         return dg.SkipReason(f"{eid}: {why}")
     opened = (window.opens_at(now) or now).astimezone(window.tz)
+    tags = stage_tags(exp, "trials", work.keys + work.grades, settings.run_partitions)
     return dg.RunRequest(
         run_key=f"{eid}:trials:window-{opened:%Y-%m-%d}",
-        tags=stage_tags(exp, "trials", work.keys + work.grades, settings.run_partitions),
+        tags=tags,
+        asset_selection=run_selection(exp, "trials", tags),
     )
 
 

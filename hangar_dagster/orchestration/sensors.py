@@ -28,6 +28,7 @@ from hangar_dagster.orchestration.stages import (
     TAG_EXPERIMENT,
     TAG_STAGE,
     job_name,
+    run_selection,
     setup_stages,
     stage_tags,
     writes_index,
@@ -214,11 +215,13 @@ def _request(
     due: list[TrialKey] | None = None,
     limit: int = RUN_PARTITIONS,
 ) -> dg.RunRequest:
+    tags = stage_tags(exp, stage, due, limit)
     return dg.RunRequest(
         run_key=f"{exp.experiment_id}:{stage}:{n}",
         job_name=job_name(exp, stage),
         # The job's tags name the experiment too; here the sensor can say whose job is not loaded.
-        tags=stage_tags(exp, stage, due, limit) | {TAG_EXPERIMENT: exp.experiment_id},
+        tags=tags | {TAG_EXPERIMENT: exp.experiment_id},
+        asset_selection=run_selection(exp, stage, tags),
     )
 
 
@@ -286,13 +289,15 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
                     )
                     continue
                 out.waiting.append(f"{exp.experiment_id}: {why}")
-        # The index follows every trials run, and is written once more when nothing else can run.
-        # A regrade's trials run writes it itself (stages.stage_assets): only when that failed.
-        indexed = runs.get("index", []) + (
-            [r for r in trials_runs if r.dagster_run.status == dg.DagsterRunStatus.SUCCESS]
-            if writes_index(exp, "trials")
-            else []
-        )
+        # The index follows the last trials run: the last slice's run writes it itself
+        # (stages.stage_tags); an index run alone only when that one did not (it failed, it
+        # was an earlier slice, or it predates trials runs with the index).
+        indexed = runs.get("index", []) + [
+            r
+            for r in trials_runs
+            if r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+            and writes_index(r.dagster_run.tags)
+        ]
         if trials_runs and (
             not indexed
             or max(r.create_timestamp for r in indexed) < trials_runs[0].create_timestamp

@@ -6,7 +6,7 @@ the in-process driver to name a stage, tag its run or read a partition key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
@@ -37,26 +37,22 @@ def job_name(exp: ResolvedExperiment, stage: str) -> str:
 def stage_assets(exp: ResolvedExperiment) -> dict[str, tuple[str, ...]]:
     """Each stage of ``exp`` that has a job, with the assets its run materializes, in order.
 
-    Trials and grades share a run: both are partitioned alike, and a grade follows its trial.
-    A regrade runs in as few runs as Dagster allows (one run covers one partition range, and a
-    job may not select assets of different partitions definitions): its spec joins the pin
-    sets' run (by variant), its base checks have their own (by task), and its trials run, which
-    never runs a trial (its trials are stored copies, experiment/regrade.py), grades and
-    writes the index: three runs, not five. Its index job stays for an index run alone (the
-    trials run's index step failed, or nothing was left to grade).
+    An experiment runs in as few runs as Dagster allows, since each run costs a launch and a
+    wait for the driver's next tick (docs/architecture.md, "Stage runs"): one run covers one
+    partition range, and a job may not select assets of different partitions definitions. The
+    spec joins the pin sets' run (by variant), the base checks have their own (by task), and
+    the trials job materializes trials, grades and the index: trials and grades are
+    partitioned alike (a grade follows its trial), and only the last slice of the pending work
+    writes the index (``stage_tags``, ``run_selection``); the others leave it out. Three runs
+    for a small experiment, not five. A regrade's trials job never runs a trial (its trials
+    are stored copies, experiment/regrade.py): grades and the index. The index job stays for
+    an index run alone (the trials run's index step failed, or the trials were blocked).
     """
-    if exp.regrade_of is None:
-        return {
-            "spec": ("spec",),
-            "pin_sets": ("pin_sets",),
-            "base_checks": ("base_checks",),
-            "trials": ("trials", "grades"),
-            "index": ("index",),
-        }
+    trials = ("trials", "grades", "index") if exp.regrade_of is None else ("grades", "index")
     return {
         "pin_sets": ("spec", "pin_sets"),
         "base_checks": ("base_checks",),
-        "trials": ("grades", "index"),
+        "trials": trials,
         "index": ("index",),
     }
 
@@ -66,9 +62,25 @@ def setup_stages(exp: ResolvedExperiment) -> tuple[str, ...]:
     return tuple(s for s in stage_assets(exp) if s in SETUP_STAGES)
 
 
-def writes_index(exp: ResolvedExperiment, stage: str) -> bool:
-    """Whether a successful run of ``stage`` wrote the experiment's index (and report)."""
-    return "index" in stage_assets(exp).get(stage, ())
+def writes_index(run_tags: Mapping[str, str]) -> bool:
+    """Whether a successful run with ``run_tags`` wrote the experiment's index (and report).
+
+    ``run_tags``: all of the run's tags, its job's under its own, as Dagster stores them. A
+    run of a job that has the index carries ``TAG_INDEX`` from the job; a trials slice that
+    left the index out says false (``stage_tags``, ``run_selection``).
+    """
+    return run_tags.get(TAG_INDEX) == "true"
+
+
+def run_selection(
+    exp: ResolvedExperiment, stage: str, tags: Mapping[str, str]
+) -> list[dg.AssetKey] | None:
+    """The assets a run of ``stage`` with run tags ``tags`` materializes: None for its whole
+    job, else the job's assets without the index (the tags say it does not write it)."""
+    names = stage_assets(exp).get(stage, ())
+    if "index" not in names or tags.get(TAG_INDEX) != "false":
+        return None
+    return [dg.AssetKey([exp.experiment_id, a]) for a in names if a != "index"]
 
 
 def partitions(
@@ -101,7 +113,7 @@ def partition_key_of(key: TrialKey) -> dg.MultiPartitionKey:
 def job_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
     """The tags every run of a stage's job carries, however it is launched."""
     tags = {TAG_EXPERIMENT: exp.experiment_id, TAG_STAGE: stage}
-    if writes_index(exp, stage):
+    if "index" in stage_assets(exp).get(stage, ()):
         tags[TAG_INDEX] = "true"
     if stage == "trials":
         tags |= {QUEUE_TAG: EVAL_QUEUE, "dagster/priority": EVAL_PRIORITY}
@@ -121,7 +133,9 @@ def stage_tags(
     start or grade) covers only the next slice of them (``queue.partitions.run_range``): a
     run's cost in Dagster grows with its range, so a 50,000-partition experiment runs in slices
     and a relaunch costs what it runs. Without ``due`` it covers every partition. ``limit``:
-    the slice's size (``Settings.run_partitions``).
+    the slice's size (``Settings.run_partitions``). The slice that covers every due key is the
+    last: it writes the index (``TAG_INDEX`` true); an earlier one does not (false), since the
+    next slice's run follows it at once and rewrites it.
     """
     variants_def, tasks_def, trials_def = partitions(exp)
     by_stage = {"pin_sets": variants_def, "base_checks": tasks_def, "trials": trials_def}
@@ -135,7 +149,7 @@ def stage_tags(
             raise ValueError(f"a trials run of {exp.experiment_id} was asked for no due key")
         start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})
         end = dg.MultiPartitionKey({"task_rep": span.task_reps[1], "variant": span.variants[1]})
-        tags = {RANGE_START: str(start), RANGE_END: str(end)}
+        tags = {RANGE_START: str(start), RANGE_END: str(end), TAG_INDEX: str(span.last).lower()}
     else:
         keys = part.get_partition_keys()
         tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}

@@ -74,6 +74,7 @@ class RunRange:
     task_reps: tuple[str, str]
     variants: tuple[str, str]
     size: int  # partitions in the rectangle, due or not
+    last: bool = True  # every due key is inside: no slice follows this one
 
 
 def run_range(
@@ -108,6 +109,7 @@ def run_range(
         (task_reps[first], task_reps[last]),
         (variants[low], variants[high]),
         (last - first + 1) * (high - low + 1),
+        last == order[-1],  # every row with due keys, each one's columns all inside
     )
 
 

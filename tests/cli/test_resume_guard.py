@@ -59,7 +59,7 @@ def test_resume_refuses_beside_a_run_in_flight_and_runs_once_it_ended(
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     with dg.DagsterInstance.get() as instance:
         stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
-    assert {"spec", "trials", "index"} <= stages
+    assert {"pin_sets", "trials"} <= stages
 
 
 def test_resume_ends_a_run_whose_worker_was_killed_and_goes_on_without_the_ui(
@@ -81,7 +81,7 @@ def test_resume_ends_a_run_whose_worker_was_killed_and_goes_on_without_the_ui(
         run = instance.get_run_by_id(run_id)
         assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
-    assert {"spec", "trials", "index"} <= stages
+    assert {"pin_sets", "trials"} <= stages
 
 
 def test_resume_ends_a_run_its_killed_cli_created_but_never_started(
@@ -111,12 +111,12 @@ def test_resume_ends_a_run_its_killed_cli_created_but_never_started(
     with dg.DagsterInstance.get() as instance:
         instance.add_run(
             dg.DagsterRun(
-                job_name=f"{exp.experiment_id}__spec_job",
+                job_name=f"{exp.experiment_id}__pin_sets_job",
                 run_id=run_id,
                 status=dg.DagsterRunStatus.NOT_STARTED,
                 tags={
                     "hangar/experiment": exp.experiment_id,
-                    "hangar/stage": "spec",
+                    "hangar/stage": "pin_sets",
                     "hangar/creator": said.stdout.strip(),
                 },
             )
@@ -124,7 +124,7 @@ def test_resume_ends_a_run_its_killed_cli_created_but_never_started(
 
     resumed = hangar("experiment", "resume", exp.experiment_id, home=hangar_home)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"its spec run {run_id} was NOT_STARTED, but its process" in " ".join(
+    assert f"its pin_sets run {run_id} was NOT_STARTED, but its process" in " ".join(
         resumed.stderr.split()
     )
     with dg.DagsterInstance.get() as instance:
@@ -152,4 +152,4 @@ def test_resume_with_no_ui_ends_a_run_a_killed_ui_left_starting(
         run = instance.get_run_by_id(run_id)
         assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
         stages = {r.tags.get("hangar/stage") for r in instance.get_runs() if r.run_id != run_id}
-    assert {"spec", "pin_sets", "trials", "index"} <= stages
+    assert {"pin_sets", "base_checks", "trials"} <= stages

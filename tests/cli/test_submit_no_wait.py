@@ -106,7 +106,7 @@ def test_the_daemon_picks_the_experiment_up_though_the_reload_request_stalled(
         assert submitted.returncode == 0, submitted.stderr
         experiment_id = submitted.stdout.split("submitted ")[1].split()[0]
         deadline = time.monotonic() + 600
-        while not stage_succeeded(home, experiment_id, "spec"):
+        while not stage_succeeded(home, experiment_id, "pin_sets"):
             assert ui.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(2)
         assert "reloaded the code location: 1 active experiment(s)" in log.read_text()

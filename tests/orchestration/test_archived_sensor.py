@@ -35,4 +35,4 @@ def test_the_driver_requests_nothing_for_an_archived_experiment(
         assert decide(instance, f.settings(parse_window("always")), now).requests == []
         remove_archived(paths(), exp.experiment_id)
         requests = decide(instance, f.settings(parse_window("always")), now).requests
-    assert [r.job_name for r in requests] == [f"{exp.experiment_id}__spec_job"]
+    assert [r.job_name for r in requests] == [f"{exp.experiment_id}__pin_sets_job"]

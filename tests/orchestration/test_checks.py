@@ -146,7 +146,8 @@ def test_each_stage_job_runs_the_checks_of_its_assets(
         for stage in ("base_checks", "trials", "index")
     }
     assert by_job["base_checks"] == {k for k in specs if k.asset_key == base}
-    assert by_job["trials"] == {k for k in specs if k.asset_key == grades}
+    # The trials job writes the index too (its last slice's run: stages.stage_assets).
+    assert by_job["trials"] == {k for k in specs if k.asset_key in (grades, index)}
     assert by_job["index"] == {dg.AssetCheckKey(index, "readback")}
 
 
@@ -157,7 +158,7 @@ def test_an_invalid_task_is_red_its_trials_never_start_and_grades_are_checked(
     exp = invalid_slugify
     defs = definitions(exp, hangar_home)
     store = Store(paths())
-    for stage in ("spec", "pin_sets"):
+    for stage in ("pin_sets",):
         assert run(defs, exp, stage, instance).success
 
     checked = run(defs, exp, "base_checks", instance)

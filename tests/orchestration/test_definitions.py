@@ -64,8 +64,8 @@ def test_driver_requests_the_first_stage_only_for_daemon_experiments(
         requests = decide(
             instance, f.settings(parse_window("always")), dt.datetime.now(dt.UTC)
         ).requests
-    assert [r.job_name for r in requests] == [f"{queued.experiment_id}__spec_job"]
-    assert requests[0].run_key == f"{queued.experiment_id}:spec:1"
+    assert [r.job_name for r in requests] == [f"{queued.experiment_id}__pin_sets_job"]
+    assert requests[0].run_key == f"{queued.experiment_id}:pin_sets:1"
     assert waited.experiment_id not in str(requests[0].job_name)
 
 
@@ -121,18 +121,18 @@ def test_the_driver_sensor_requests_loaded_jobs_and_says_why_it_skips(
     defs = build_definitions(Settings.from_env())
     with dg.instance_for_test() as instance:
         [request] = tick(defs, instance).run_requests or []
-        assert request.job_name == f"{first.experiment_id}__spec_job"
-        assert request.run_key == f"{first.experiment_id}:spec:1"
+        assert request.job_name == f"{first.experiment_id}__pin_sets_job"
+        assert request.run_key == f"{first.experiment_id}:pin_sets:1"
 
-        # Its spec run is in flight, and a second experiment is submitted after defs loaded.
-        busy = add_stage_run(instance, first, "spec", dg.DagsterRunStatus.STARTED)
+        # Its pin sets run is in flight, and a second experiment is submitted after defs loaded.
+        busy = add_stage_run(instance, first, "pin_sets", dg.DagsterRunStatus.STARTED)
         late = for_the_daemon(example_dir)
         skipped = tick(defs, instance)
         assert not skipped.run_requests
         reason = str(skipped.skip_message)
-        assert f"{first.experiment_id}: in_flight: its spec run {busy} is STARTED" in reason
+        assert f"{first.experiment_id}: in_flight: its pin_sets run {busy} is STARTED" in reason
         assert (
-            f"{late.experiment_id}: not_loaded: its job {late.experiment_id}__spec_job is not "
+            f"{late.experiment_id}: not_loaded: its job {late.experiment_id}__pin_sets_job is not "
             "loaded yet; `hangar ui` reloads the code location" in reason
         )
 
@@ -147,11 +147,12 @@ def test_a_tick_that_requests_a_run_logs_why_the_other_experiments_wait(
     log = KeptLog()
     with dg.instance_for_test() as instance:
         ticked = tick(defs, instance, log)
-    assert [r.run_key for r in ticked.run_requests or []] == [f"{first.experiment_id}:spec:1"]
+    assert [r.run_key for r in ticked.run_requests or []] == [f"{first.experiment_id}:pin_sets:1"]
     assert ticked.skip_message is None
     [said] = [m for m in log.messages if "waiting: " in m]
     assert (
-        f"waiting: {late.experiment_id}: not_loaded: its job {late.experiment_id}__spec_job" in said
+        f"waiting: {late.experiment_id}: not_loaded: its job {late.experiment_id}__pin_sets_job"
+        in said
     )
 
 
@@ -167,7 +168,7 @@ def test_the_driver_sensor_skips_with_the_window_reason(
     )
     defs = build_definitions(Settings.from_env())
     with dg.instance_for_test() as instance:
-        for stage in ("spec", "pin_sets", "base_checks"):
+        for stage in ("pin_sets", "base_checks"):
             add_stage_run(instance, exp, stage, dg.DagsterRunStatus.SUCCESS)
         skipped = tick(defs, instance)
     assert not skipped.run_requests
@@ -261,4 +262,4 @@ def test_a_daemon_not_under_hangar_ui_launches_nothing_on_the_embedded_instance(
     # The same definitions on another instance (a deployment's, a test's) are not refused.
     with dg.instance_for_test() as other:
         [request] = tick(defs, other).run_requests or []
-        assert request.job_name == f"{first.experiment_id}__spec_job"
+        assert request.job_name == f"{first.experiment_id}__pin_sets_job"

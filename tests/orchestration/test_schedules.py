@@ -321,9 +321,8 @@ def test_opening_skips_and_says_why(waiting: ResolvedExperiment, example_dir: Pa
     eid = waiting.experiment_id
     with dg.instance_for_test() as instance:
         assert opening.tick(instance, opens).skip_message == (
-            f"{eid}: setup stage spec has not run; trials start once the setup stages succeed"
+            f"{eid}: setup stage pin_sets has not run; trials start once the setup stages succeed"
         )
-        stage_run(instance, waiting, "spec")
         stage_run(instance, waiting, "pin_sets", dg.DagsterRunStatus.FAILURE)
         assert "setup stage pin_sets ended FAILURE" in str(
             opening.tick(instance, opens).skip_message

@@ -16,6 +16,7 @@ from hangar_dagster.experiment.catalog import DAEMON_MARKER
 from hangar_dagster.experiment.plan import ResolvedExperiment
 from hangar_dagster.experiment.submit import RESOLVED, submit
 from hangar_dagster.orchestration.sensors import decide
+from hangar_dagster.orchestration.stages import TAG_INDEX, job_tags
 from hangar_dagster.queue.stage_runs import STAGE_RUN_RETRIES
 from hangar_dagster.queue.starts import OPEN_GRACE
 from hangar_dagster.queue.window import parse_window
@@ -36,15 +37,19 @@ def stage_run(
     exp: ResolvedExperiment,
     stage: str,
     status: dg.DagsterRunStatus = dg.DagsterRunStatus.SUCCESS,
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """A run of ``exp``'s ``stage`` job in ``status``, created now; returns its run id."""
+    """A run of ``exp``'s ``stage`` job in ``status``, created now; returns its run id.
+
+    Its tags are its job's with ``tags`` over them, as Dagster stores a launched run's.
+    """
     run_id = str(uuid.uuid4())
     instance.add_run(
         dg.DagsterRun(
             job_name=f"{exp.experiment_id}__{stage}_job",
             run_id=run_id,
             status=status,
-            tags={"hangar/experiment": exp.experiment_id, "hangar/stage": stage},
+            tags=job_tags(exp, stage) | (tags or {}),
         )
     )
     return run_id
@@ -59,7 +64,7 @@ def queued(example_dir: Path, hangar_home: Path) -> ResolvedExperiment:
 
 
 def setup_done(instance: dg.DagsterInstance, exp: ResolvedExperiment) -> None:
-    for stage in ("spec", "pin_sets", "base_checks"):
+    for stage in ("pin_sets", "base_checks"):
         stage_run(instance, exp, stage)
 
 
@@ -95,17 +100,46 @@ def test_trials_wait_for_the_window_then_start_and_retry(queued: ResolvedExperim
         assert [r.run_key for r in evening.requests] == [f"{queued.experiment_id}:trials:1"]
         assert evening.requests[0].tags["hangar/queue"] == "eval"
 
-        # After a trials run: every key done but one drained -> the index, then a retry run.
+        # After the trials run (it covered every key: it wrote the index), every key done but
+        # one drained: nothing runs while the window is closed, then a retry run.
         store_all_but_one_drained(queued)
         stage_run(instance, queued, "trials")
         late = decide(instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY))
-        assert [r.run_key for r in late.requests] == [f"{queued.experiment_id}:index:1"]
+        assert late.requests == []
         assert "eval_window" in late.waiting[0]
-        stage_run(instance, queued, "index")
         next_night = decide(
             instance, f.settings(NIGHTLY), dt.datetime(2027, 7, 2, 20, 5, tzinfo=NY)
         )
         assert [r.run_key for r in next_night.requests] == [f"{queued.experiment_id}:trials:2"]
+
+
+def test_only_the_last_slice_of_the_trials_writes_the_index_and_the_index_runs_alone_after_another(
+    queued: ResolvedExperiment,
+) -> None:
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    index = dg.AssetKey([eid, "index"])
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        # 18 keys, slices of at most 8 partitions (rows of 2 variants): not the last slice.
+        [first] = decide(instance, f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8"), at).requests
+        assert first.tags[TAG_INDEX] == "false"
+        assert first.asset_selection is not None and index not in first.asset_selection
+        assert {k.path[-1] for k in first.asset_selection} == {"trials", "grades"}
+        # Every key fits one slice: the run is the whole trials job, the index with it.
+        [whole] = decide(instance, f.settings(NIGHTLY), at).requests
+        assert whole.tags[TAG_INDEX] == "true" and whole.asset_selection is None
+
+        # An earlier slice's run ended and the rest is held back (the window closed): the
+        # index runs alone. After the last slice's run nothing is left to run.
+        store_all_but_one_drained(queued)
+        stage_run(instance, queued, "trials", tags={TAG_INDEX: "false"})
+        closed = dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY)
+        assert [r.run_key for r in decide(instance, f.settings(NIGHTLY), closed).requests] == [
+            f"{eid}:index:1"
+        ]
+        stage_run(instance, queued, "trials", tags={TAG_INDEX: "true"})
+        assert decide(instance, f.settings(NIGHTLY), closed).requests == []
 
 
 def test_a_trial_left_ungraded_gets_a_trials_run_even_while_the_window_is_closed(
@@ -234,7 +268,7 @@ def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_task
     store = Store(paths())
     now = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
     with dg.instance_for_test() as instance:
-        for stage in ("spec", "pin_sets"):
+        for stage in ("pin_sets",):
             stage_run(instance, queued, stage)
         stage_run(instance, queued, "base_checks", dg.DagsterRunStatus.FAILURE)
         # Failed before every task was checked: a person looks before anything else starts.
@@ -256,7 +290,7 @@ def test_a_base_checks_run_failed_by_an_invalid_task_goes_on_with_the_valid_task
         ]
 
 
-@pytest.mark.parametrize("stage", ["spec", "trials"])  # a setup stage's branch, the trials'
+@pytest.mark.parametrize("stage", ["pin_sets", "trials"])  # a setup stage's branch, the trials'
 def test_a_run_whose_worker_was_killed_is_failed_and_its_stage_retried_a_bounded_number_of_times(
     queued: ResolvedExperiment, hangar_home: Path, stage: str
 ) -> None:
@@ -297,7 +331,7 @@ def test_a_setup_run_that_failed_by_itself_waits_for_a_person_and_says_so(
 ) -> None:
     at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
     with dg.instance_for_test() as instance:
-        stage_run(instance, queued, "spec")
+        stage_run(instance, queued, "pin_sets")
         failed = stage_run(instance, queued, "pin_sets", dg.DagsterRunStatus.FAILURE)
         decided = decide(instance, f.settings(NIGHTLY), at)
         assert decided.requests == []
@@ -340,14 +374,14 @@ def test_a_run_whose_worker_is_alive_is_waited_for(
 ) -> None:
     at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
     with dg.instance_for_test() as instance:
-        run_id = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTED)
+        run_id = stage_run(instance, queued, "pin_sets", dg.DagsterRunStatus.STARTED)
         worker = recorded_worker(hangar_home, run_id)
         try:
             decided = decide(instance, f.settings(NIGHTLY), at)
             run = instance.get_run_by_id(run_id)
             assert run is not None and run.status == dg.DagsterRunStatus.STARTED
             assert decided.requests == [] and decided.notes == []
-            assert f"in_flight: its spec run {run_id} is STARTED" in decided.waiting[0]
+            assert f"in_flight: its pin_sets run {run_id} is STARTED" in decided.waiting[0]
         finally:
             worker.kill()
             worker.wait()
@@ -362,7 +396,7 @@ def test_a_run_left_starting_by_a_killed_ui_is_failed_by_the_next_ui_which_waits
     at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
     eid = queued.experiment_id
     with dg.instance_for_test() as instance:
-        lost = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTING)
+        lost = stage_run(instance, queued, "pin_sets", dg.DagsterRunStatus.STARTING)
         time.sleep(2.5)  # past the second of slack a process's start time is read with
         ui = ui_lock_holder(hangar_home)  # the UI started again, after the run became STARTING
         try:
@@ -372,7 +406,7 @@ def test_a_run_left_starting_by_a_killed_ui_is_failed_by_the_next_ui_which_waits
             run = instance.get_run_by_id(lost)
             assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
             assert (
-                f"{eid}: its spec run {lost} was STARTING, but its launcher is gone"
+                f"{eid}: its pin_sets run {lost} was STARTING, but its launcher is gone"
                 in (decided.notes[0])
             )
             assert f"pid {ui.pid}" in decided.notes[0]
@@ -402,7 +436,7 @@ def test_under_the_deployments_launcher_a_dead_cli_run_is_ended_and_a_launched_o
     }
     with dg.instance_for_test(overrides={"run_launcher": launcher}) as instance:
         assert instance.run_launcher.supports_check_run_worker_health
-        launched = stage_run(instance, queued, "spec", dg.DagsterRunStatus.STARTED)
+        launched = stage_run(instance, queued, "pin_sets", dg.DagsterRunStatus.STARTED)
         killed_worker(hangar_home, launched)  # recorded and gone: still monitoring's to judge
         cli = str(uuid.uuid4())
         dead = json.loads(creator_tag()) | {"pid": 2**22 + 7, "start_ticks": 1}  # no such pid

@@ -86,25 +86,30 @@ def _key(rep: str, variant: str) -> TrialKey:
 def test_a_fresh_50000_partition_experiment_runs_in_slices_of_at_most_the_limit() -> None:
     due = [_key(r, v) for r in REPS for v in VARIANTS]
     span = run_range(REPS, VARIANTS, due)
-    assert span == RunRange((REPS[0], REPS[49]), (VARIANTS[0], VARIANTS[9]), 500)
+    assert span == RunRange((REPS[0], REPS[49]), (VARIANTS[0], VARIANTS[9]), 500, last=False)
     assert span.size == RUN_PARTITIONS
     rest = [k for k in due if REPS.index(k.task_rep) >= 50]
     after = run_range(REPS, VARIANTS, rest)
-    assert after is not None and after.task_reps == (REPS[50], REPS[99])
+    assert after is not None and after.task_reps == (REPS[50], REPS[99]) and not after.last
+    tail = [k for k in due if REPS.index(k.task_rep) >= len(REPS) - 50]
+    assert run_range(REPS, VARIANTS, tail) == RunRange(
+        (REPS[-50], REPS[-1]), (VARIANTS[0], VARIANTS[9]), 500, last=True
+    )
 
 
 def test_a_relaunch_over_scattered_keys_covers_a_narrow_range_not_the_partition_count() -> None:
     # Three retries far apart: the next run covers the first and the rows it can reach.
     due = [_key(REPS[7], "v3"), _key(REPS[9], "v5"), _key(REPS[4000], "v1")]
     span = run_range(REPS, VARIANTS, due)
-    assert span == RunRange((REPS[7], REPS[9]), ("v3", "v5"), 9)
+    assert span == RunRange((REPS[7], REPS[9]), ("v3", "v5"), 9, last=False)
     one = run_range(REPS, VARIANTS, due[2:])
     assert one == RunRange((REPS[4000], REPS[4000]), ("v1", "v1"), 1)
 
 
 def test_a_row_wider_than_the_limit_is_still_run_alone() -> None:
     due = [_key(REPS[0], v) for v in VARIANTS] + [_key(REPS[1], "v0")]
-    assert run_range(REPS, VARIANTS, due, limit=4) == RunRange((REPS[0], REPS[0]), ("v0", "v9"), 10)
+    span = run_range(REPS, VARIANTS, due, limit=4)
+    assert span == RunRange((REPS[0], REPS[0]), ("v0", "v9"), 10, last=False)
 
 
 def test_nothing_due_has_no_range() -> None:

@@ -147,7 +147,7 @@ def test_the_sensor_shadows_new_merges_and_grades_the_kept_ones(
         # and a closed eval window holds its trials back.
         loaded = build_definitions(settings)
         [request] = tick(loaded, instance, "experiment_driver").run_requests or []
-        assert request.job_name == f"{exp_id}__spec_job"
+        assert request.job_name == f"{exp_id}__pin_sets_job"
 
     store = Store(settings.paths)
     # Its trials are eval work like any: outside the window they wait, saying so.
