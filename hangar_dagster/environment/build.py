@@ -40,6 +40,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from hangar_dagster.environment.bytecode import (
+    PYCACHE_PREFIX,
+    link_bytecode,
+    prefix_dirs,
+    site_packages,
+    stdlib_dir,
+)
+from hangar_dagster.environment.bytecode import TREE as BYTECODE_TREE
 from hangar_dagster.environment.egress import open_egress
 from hangar_dagster.experiment.spec import Environment
 from hangar_dagster.settings import Settings
@@ -235,6 +243,12 @@ class Built:
         venv = Mount(self.venv, str(self.venv), writable=False)
         return [venv, Mount(clone, str(self.repo), writable=True)] if self.has_repo else [venv]
 
+    def bytecode_mounts(self) -> list[Mount]:
+        """The build's bytecode tree (environment/bytecode.py), read-only under the prefix an
+        agent's Python runs with: none if the build has no tree."""
+        sources = [stdlib_dir(), site_packages(self.venv)]
+        return [Mount(d, at) for d, at in prefix_dirs(self.root / BYTECODE_TREE, sources)]
+
     def copy_outputs(self, clone: Path) -> None:
         """Copy what the build left in its repo (``*.egg-info``, generated files) into ``clone``."""
         if not self.has_repo:
@@ -273,6 +287,8 @@ class BuiltSandbox(Sandbox):
         env["PATH"] = ":".join(parts)
         env["VIRTUAL_ENV"] = str(self.built.venv)
         mounts = [*request.mounts, *self.built.mounts(self.clone)]
+        if env.get("PYTHONPYCACHEPREFIX") == PYCACHE_PREFIX:
+            mounts += self.built.bytecode_mounts()
         return self.inner.run(replace(request, env=env, mounts=mounts))
 
 
@@ -437,6 +453,11 @@ def _run_build(
                     raise failed
         duration = time.monotonic() - started
         outputs = _outputs(tmp / "repo")
+        # Agents' Pythons run under a cache prefix: the bytecode pip and the interpreter's
+        # install made, in the prefix's layout (environment/bytecode.py). A build made before
+        # this has none; its agents compile as they did.
+        link_bytecode(tmp / BYTECODE_TREE, stdlib_dir(), stdlib_dir())
+        link_bytecode(tmp / BYTECODE_TREE, site_packages(tmp / "venv"), site_packages(venv))
         write_atomic(tmp / "build.log", "".join(log))
         meta = {
             "digest": plan.digest,

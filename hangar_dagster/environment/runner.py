@@ -33,6 +33,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from hangar_dagster.environment.build import RUNNER, Built, base_python, key_lock
+from hangar_dagster.environment.bytecode import TREE, link_bytecode, site_packages, stdlib_dir
 from hangar_dagster.settings import Settings
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import remove_tree, write_atomic
@@ -76,8 +77,9 @@ def runner_definition() -> dict[str, object]:
         # grade-bin's hangar-grade points into hangar's own environment
         "hangar": str(Path(sys.prefix)),
         # The runner's bytecode is compiled when it is made (checked-hash pycs), and
-        # grade-bin's hangar-grade runs this file with -I -S (``grade_script``).
-        "layout": 2,
+        # grade-bin's hangar-grade runs this file with -I -S (``grade_script``); 3: with the
+        # bytecode tree an agent's Python reads under its cache prefix (environment/bytecode.py).
+        "layout": 3,
         "hangar_grade": str(HANGAR_GRADE),
     }
 
@@ -85,12 +87,6 @@ def runner_definition() -> dict[str, object]:
 @functools.cache
 def runner_digest() -> str:
     return "sha256:" + sha256_json(runner_definition())
-
-
-def site_packages(venv: Path) -> Path:
-    return (
-        venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    )
 
 
 def install_runner(venv: Path, final: Path | None = None) -> list[str]:
@@ -195,6 +191,9 @@ def ensure_runner(settings: Settings) -> Built:
                 check=True, capture_output=True, timeout=120,
             )  # fmt: skip
             tops = install_runner(venv, root / "venv")
+            # Agents' Pythons run under a cache prefix: give them this bytecode there too.
+            link_bytecode(tmp / TREE, stdlib_dir(), stdlib_dir())
+            link_bytecode(tmp / TREE, site_packages(venv), site_packages(root / "venv"))
             # hangar-grade alone: the grader's PATH starts here, so `python` and `pytest` are
             # the test environment's, and hangar's wrapper is found first by its own name.
             (tmp / GRADE_BIN).mkdir()

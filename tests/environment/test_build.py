@@ -157,6 +157,31 @@ def test_the_built_sandbox_mounts_the_venv_read_only_and_the_clone_at_the_build_
     assert not (built.venv / "written").exists()
 
 
+def test_an_agent_in_a_build_reads_the_builds_own_bytecode_under_its_cache_prefix(
+    concurrent: tuple[Settings, BuildPlan, list[build.Built]],
+    upstream: Upstream,
+    tmp_path: Path,
+) -> None:
+    """As for the runner environment (test_runner.py): the pinned pytest pip put in the build's
+    venv loads from the bytecode tree, not compiled afresh at every start of an agent's Python."""
+    from hangar_dagster.environment.bytecode import site_packages
+    from hangar_dagster.trials.agents import NO_BYTECODE_ENV
+
+    built = concurrent[2][0]
+    clone = tmp_path / "clone"
+    isolated_clone(str(upstream.path), upstream.base, clone)
+    result = built.sandbox(get_sandbox("bwrap"), clone).run(
+        SandboxRequest(
+            argv=["python", "-v", "-c", "import pytest"], workdir=clone,
+            env={"PATH": "/usr/bin:/bin", **NO_BYTECODE_ENV}, timeout_s=60,
+        )
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr[-3000:]
+    prefix = NO_BYTECODE_ENV["PYTHONPYCACHEPREFIX"] + str(site_packages(built.venv))
+    assert f"# code object from '{prefix}/_pytest/" in result.stderr, result.stderr[-3000:]
+    assert not list(clone.rglob("*.pyc"))
+
+
 @pytest.mark.skipif(not (CORPUS / "semanticversion-truncate-copy").is_dir(), reason="no corpus")
 def test_an_editable_install_resolves_to_each_clones_own_code(index: Path, tmp_path: Path) -> None:
     repo, sha = semver_repo(CORPUS, tmp_path / "semver")

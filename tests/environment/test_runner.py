@@ -78,3 +78,47 @@ def test_grade_bins_hangar_grade_runs_the_runner_script_with_a_bare_interpreter(
     )
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert 'tests="1"' in (tmp_path / "junit.xml").read_text()
+
+
+@pytest.mark.needs_sandbox("bwrap")
+def test_an_agents_python_reads_precompiled_bytecode_and_writes_none_in_the_repo(
+    runner: Built, tmp_path: Path
+) -> None:
+    """Regression: agents run Python under PYTHONPYCACHEPREFIX (NO_BYTECODE_ENV), where Python
+    ignores every __pycache__, so each start compiled the stdlib and pytest from source (about
+    0.45 CPU s per `import pytest`). The prefix now holds the runner's and the stdlib's
+    bytecode, read-only; what the agent compiles itself still lands there, never in the repo."""
+    import sysconfig
+
+    from hangar_dagster.trials.agents import NO_BYTECODE_ENV
+    from hangar_dagster.trials.sandbox import SandboxRequest
+    from hangar_dagster.trials.sandbox.bwrap import BwrapSandbox
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(FIXED)
+    script = (
+        "import compileall, json, pytest, sys\n"
+        "print('compiled', compileall.compile_file('calc.py', quiet=1))\n"
+        "print('cached', json.__cached__)\n"
+    )
+    request = SandboxRequest(
+        argv=["python", "-v", "-c", script],
+        workdir=repo,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **NO_BYTECODE_ENV},
+        timeout_s=120,
+    )
+    result = runner.sandbox(BwrapSandbox(), repo).run(request)
+    assert result.exit_code == 0, result.stderr[-3000:]
+    prefix = NO_BYTECODE_ENV["PYTHONPYCACHEPREFIX"]
+    loaded = [
+        line.split("'")[1]
+        for line in result.stderr.splitlines()
+        if line.startswith("# code object from '")
+    ]
+    stdlib = prefix + sysconfig.get_paths()["stdlib"] + "/json/__init__."
+    pytest_pkg = prefix + str(site_packages(runner.venv)) + "/_pytest/"
+    assert any(p.startswith(stdlib) for p in loaded), loaded[:20]
+    assert any(p.startswith(pytest_pkg) for p in loaded), loaded[:20]
+    assert "compiled True" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert not list(repo.rglob("__pycache__")) and not list(repo.rglob("*.pyc"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hangar_dagster.environment.bytecode import PYCACHE_PREFIX
 from hangar_dagster.environment.egress import EgressGrant
 from hangar_dagster.experiment.harness import HarnessLock
 from hangar_dagster.settings import Settings
@@ -23,7 +24,8 @@ from hangar_dagster.trials.sandbox import Sandbox
 # Every adapter's agent, and the trial's build and verify steps, run Python with these: no
 # bytecode is written, and what a tool compiles anyway goes to the sandbox's private /tmp, never
 # the work tree. A .pyc in a patch then stays a real tamper signal.
-NO_BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/tmp/hangar-pycache"}
+# The prefix holds the build's precompiled bytecode, read-only (environment/bytecode.py).
+NO_BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": PYCACHE_PREFIX}
 
 
 @dataclass(frozen=True)
