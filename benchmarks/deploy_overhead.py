@@ -1,10 +1,11 @@
 """The bundled example on the Docker deployment (deploy/docker) against the embedded default.
 
-    .venv/bin/python benchmarks/deploy_overhead.py [--trials 3] [--rounds 3]
+    .venv/bin/python benchmarks/deploy_overhead.py [--trials 3] [--rounds 3] [--whole]
 
 Brings the deployment up as the tests do (tests/deploy/compose.py: images cached by recipe, a
 compose project of its own, removed at the end), then runs examples/skills-ab (3 tasks x 2
-variants x --trials) with the Docker sandbox from the project image, --rounds times each way,
+variants x --trials; --whole: as bundled, 80 trials) with the Docker sandbox from the project
+image, --rounds times each way,
 interleaved (deployment, embedded, deployment, embedded, ...) so a load that moves during the
 run weighs on both alike; reuse is off, so every round runs every trial:
 
@@ -53,13 +54,17 @@ from tests.deploy.compose import Deployment, up  # noqa: E402
 HANGAR = str(Path(sys.executable).with_name("hangar"))
 
 
-def make_spec(example: Path, image: str, trials: int, name: str) -> Path:
+def make_spec(example: Path, image: str, trials: int | None, name: str) -> tuple[Path, int]:
+    """The example's spec on the Docker sandbox with ``trials`` (None: its own), reuse off;
+    returns it with its number of trials."""
     data = yaml.safe_load((example / "experiment.yaml").read_text())
     data["environment"] |= {"sandbox": "docker", "image": image}
-    data |= {"name": name, "trials": trials, "reuse": {"enabled": False}}
+    data |= {"name": name, "reuse": {"enabled": False}}
+    if trials is not None:
+        data["trials"] = trials
     path = example / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
-    return path
+    return path, len(data["tasks"]) * len(data["variants"]) * int(data["trials"])
 
 
 def print_timeline(env: dict[str, str], eid: str, submit: float) -> None:
@@ -128,16 +133,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="the example as bundled (10 tasks x 2 variants x 4 trials, parallel 6), not the "
+        "tests' cut of 3 tasks; --trials is ignored",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hangar-deploy-bench-"))
-    planned = 6 * args.trials
+    planned = 0
     walls: dict[str, list[float]] = {"deployment": [], "embedded": []}
     trial_s: dict[str, list[float]] = {"deployment": [], "embedded": []}
     dep = up(work / "shared")
     try:
-        example = copy_example(dep.shared / "example")
+        example = copy_example(dep.shared / "example", cut=not args.whole)
+        trials = None if args.whole else args.trials
         for n in range(args.rounds):
-            spec = make_spec(example, dep.image, args.trials, f"skills-ab-bench-{n}")
+            spec, planned = make_spec(example, dep.image, trials, f"skills-ab-bench-{n}")
             for way in ("deployment", "embedded"):
                 cpu0 = machine_cpu_s()
                 if way == "deployment":
@@ -157,7 +169,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     med = {way: statistics.median(w) for way, w in walls.items()}
     pairs = [(d - e) / planned for d, e in zip(walls["deployment"], walls["embedded"], strict=True)]
-    print(f"trials per round: {planned} (3 tasks x 2 variants x {args.trials}), parallel 3")
+    shape = "the whole example" if args.whole else f"3 tasks x 2 variants x {args.trials}"
+    print(f"trials per round: {planned} ({shape}), the spec's parallel")
     print(f"deployment wall median s: {med['deployment']:.1f}  embedded: {med['embedded']:.1f}")
     print(f"ratio deployment/embedded (medians): {med['deployment'] / med['embedded']:.2f}")
     print(f"per-trial overhead s (medians): {(med['deployment'] - med['embedded']) / planned:.2f}")

@@ -305,15 +305,17 @@ def cut_example_spec(text: str) -> str:
     return cut
 
 
-def copy_example(dest: Path) -> Path:
+def copy_example(dest: Path, *, cut: bool = True) -> Path:
     """The skills-ab example copied to ``dest`` (made), with its task repos generated and its
-    experiment.yaml cut to three tasks x three trials (``cut_example_spec``)."""
+    experiment.yaml cut to three tasks x three trials (``cut_example_spec``); ``cut`` False:
+    the whole example, as bundled (a benchmark's)."""
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("repos", "__pycache__"))
     spec = dest / "experiment.yaml"
-    spec.write_text(cut_example_spec(spec.read_text()))
+    if cut:
+        spec.write_text(cut_example_spec(spec.read_text()))
     subprocess.run(
         [sys.executable, str(dest / "make_repos.py"), "--out", str(dest / "repos")]
-        + [f"--task={t}" for t in EXAMPLE_CUT_TASKS],
+        + [f"--task={t}" for t in EXAMPLE_CUT_TASKS if cut],
         check=True,
         capture_output=True,
     )
