@@ -51,8 +51,9 @@ UI_MODES = frozenset({"ui-worker", "daemon", "ui"})
 # The stages a kill is aimed at (``--aim``, the default): the round waits until the run is
 # seen in the stage, then a random fraction of a second more, and kills. A drain only acts on
 # a trials run, so it is aimed at the trials stages alone.
-# The spec runs in the pin sets' run, the index in the last trials run (stages.stage_assets).
-STAGES = ("pin_sets", "base_checks", "mid-trial", "mid-verify", "mid-grade")
+# The spec runs in the pin sets' run (its first step), the index in the last trials run (its
+# last step: ``stage_now`` reads the run's step events to tell it).
+STAGES = ("pin_sets", "base_checks", "mid-trial", "mid-verify", "mid-grade", "index")
 TRIAL_STAGES = ("mid-trial", "mid-verify", "mid-grade")
 AIM_DELAY_S = 0.8  # the kill lands uniformly within this long after the stage is first seen
 AGENT = "sleep 1.5\n"  # long enough that a kill can land mid-agent; the fix follows
@@ -166,13 +167,37 @@ def index_done(home: Path, experiment_id: str) -> bool:
     )
 
 
+def step_now(home: Path, run_id: str) -> str:
+    """The step the run started last and has not ended ("" if none), from its event log (read
+    only with sqlite3, as ``_runs``)."""
+    import sqlite3
+
+    db = home / "dagster" / "history" / "runs" / f"{run_id}.db"
+    if not db.exists():
+        return ""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            rows = conn.execute(
+                "SELECT step_key, dagster_event_type FROM event_logs WHERE dagster_event_type "
+                "IN ('STEP_START', 'STEP_SUCCESS', 'STEP_FAILURE', 'STEP_SKIPPED') ORDER BY id"
+            ).fetchall()
+    except sqlite3.OperationalError:  # not made yet, or locked past the timeout: unknown
+        return ""
+    started = [k for k, e in rows if e == "STEP_START"]
+    ended = {k for k, e in rows if e != "STEP_START"}
+    return next((k for k in reversed(started) if k not in ended), "")
+
+
 def stage_now(home: Path, experiment_id: str | None, root: int) -> str:
     """Which stage the instant falls in, from the runs in flight and the processes below ``root``."""
-    stages = {s for _, s in in_flight(home, experiment_id)}
+    flying = in_flight(home, experiment_id)
+    stages = {s for _, s in flying}
     if not stages:
         return "between runs"
     if "trials" not in stages:
         return sorted(stages)[0]
+    if any(step_now(home, run_id).endswith("__index") for run_id, s in flying if s == "trials"):
+        return "index"
     procs = [" ".join(c) for c in tree(root)]
     if any("hangar-grade" in c or "hangar_grade" in c for c in procs):
         return "mid-grade"
