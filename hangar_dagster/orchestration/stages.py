@@ -14,8 +14,8 @@ from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.queue.partitions import RUN_PARTITIONS, run_range
 from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG
 
-STAGES = ("spec", "pin_sets", "base_checks", "trials", "index")
-SETUP_STAGES = ("spec", "pin_sets", "base_checks")
+# The setup stages' runs, in order: the spec runs inside the pin sets' run (``stage_assets``).
+SETUP_STAGES = ("pin_sets", "base_checks")
 TAG_EXPERIMENT = "hangar/experiment"
 TAG_STAGE = "hangar/stage"
 # Every trials run of an experiment carries its id here (a job tag, so a run launched from the
