@@ -40,13 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from hangar_dagster.environment.bytecode import (
-    PYCACHE_PREFIX,
-    link_bytecode,
-    prefix_dirs,
-    site_packages,
-    stdlib_dir,
-)
+from hangar_dagster.environment.bytecode import PYCACHE_PREFIX, make_tree, prefix_mounts
 from hangar_dagster.environment.bytecode import TREE as BYTECODE_TREE
 from hangar_dagster.environment.egress import open_egress
 from hangar_dagster.experiment.spec import Environment
@@ -246,8 +240,7 @@ class Built:
     def bytecode_mounts(self) -> list[Mount]:
         """The build's bytecode tree (environment/bytecode.py), read-only under the prefix an
         agent's Python runs with: none if the build has no tree."""
-        sources = [stdlib_dir(), site_packages(self.venv)]
-        return [Mount(d, at) for d, at in prefix_dirs(self.root / BYTECODE_TREE, sources)]
+        return [Mount(d, at) for d, at in prefix_mounts(self.root / BYTECODE_TREE, self.venv)]
 
     def copy_outputs(self, clone: Path) -> None:
         """Copy what the build left in its repo (``*.egg-info``, generated files) into ``clone``."""
@@ -456,8 +449,7 @@ def _run_build(
         # Agents' Pythons run under a cache prefix: the bytecode pip and the interpreter's
         # install made, in the prefix's layout (environment/bytecode.py). A build made before
         # this has none; its agents compile as they did.
-        link_bytecode(tmp / BYTECODE_TREE, stdlib_dir(), stdlib_dir())
-        link_bytecode(tmp / BYTECODE_TREE, site_packages(tmp / "venv"), site_packages(venv))
+        make_tree(tmp / BYTECODE_TREE, tmp / "venv", venv)
         write_atomic(tmp / "build.log", "".join(log))
         meta = {
             "digest": plan.digest,

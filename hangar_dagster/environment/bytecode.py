@@ -61,11 +61,22 @@ def link_bytecode(tree: Path, source: Path, final: Path) -> int:
     return count
 
 
-def prefix_dirs(tree: Path, sources: list[Path]) -> list[tuple[Path, str]]:
-    """(directory in ``tree``, where it goes in a sandbox) for each of ``sources`` it holds."""
+def tree_sources(venv: Path) -> list[Path]:
+    """What a build's tree holds the bytecode of: the standard library and ``venv``'s packages."""
+    return [stdlib_dir(), site_packages(venv)]
+
+
+def make_tree(tree: Path, venv: Path, final_venv: Path) -> None:
+    """The tree of a build whose ``venv`` is being made where ``final_venv`` will be."""
+    for source, final in zip(tree_sources(venv), tree_sources(final_venv), strict=True):
+        link_bytecode(tree, source, final)
+
+
+def prefix_mounts(tree: Path, venv: Path) -> list[tuple[Path, str]]:
+    """(directory in ``tree``, where it goes in a sandbox) for each source the tree holds."""
     return [
         (tree / _relative(s), PYCACHE_PREFIX + str(s))
-        for s in sources
+        for s in tree_sources(venv)
         if (tree / _relative(s)).is_dir()
     ]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from hangar_dagster.environment.build import RUNNER, Built, base_python, key_lock
-from hangar_dagster.environment.bytecode import TREE, link_bytecode, site_packages, stdlib_dir
+from hangar_dagster.environment.bytecode import TREE, make_tree, site_packages
 from hangar_dagster.settings import Settings
 from hangar_dagster.util.digests import sha256_json
 from hangar_dagster.util.fs import remove_tree, write_atomic
@@ -192,8 +192,7 @@ def ensure_runner(settings: Settings) -> Built:
             )  # fmt: skip
             tops = install_runner(venv, root / "venv")
             # Agents' Pythons run under a cache prefix: give them this bytecode there too.
-            link_bytecode(tmp / TREE, stdlib_dir(), stdlib_dir())
-            link_bytecode(tmp / TREE, site_packages(venv), site_packages(root / "venv"))
+            make_tree(tmp / TREE, venv, root / "venv")
             # hangar-grade alone: the grader's PATH starts here, so `python` and `pytest` are
             # the test environment's, and hangar's wrapper is found first by its own name.
             (tmp / GRADE_BIN).mkdir()
