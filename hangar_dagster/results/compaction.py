@@ -205,8 +205,11 @@ class Compactor:
         except FileNotFoundError:
             return out
         for entry in entries:
+            if entry.name.startswith("."):
+                continue  # an entry being written: no file of its is linked yet
             try:
-                out.add(Path(entry.path).read_text())
+                rel = local.journaled_path(Path(entry.path))
+                out.add(rel if rel is not None else Path(entry.path).read_text())
             except FileNotFoundError:
                 continue
         return out

@@ -1,8 +1,10 @@
-"""Per-thread SQLite connections of the embedded store.
+"""Local files of the embedded store: per-thread SQLite connections, and its journal entries.
 
 The embedded store (results/store.py) and its compaction (results/compaction.py) keep small
 SQLite files beside the Parquet tree (the tally, the registry of compacted keys): WAL, so
-readers never wait and a writer holds a file for one short transaction.
+readers never wait and a writer holds a file for one short transaction. Both read the journal
+(``HANGAR_HOME/pending/``): each entry is a record's Parquet file naming its place under
+parquet/ (``journaled_path``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 _LOCAL = threading.local()
+
+# The schema metadata key of a journal entry: the record file's path under parquet/.
+JOURNAL_KEY = b"hangar.file"
+
+
+def journaled_path(entry: Path) -> str | None:
+    """The path under parquet/ a journal entry names; None for an older hangar's marker (its
+    text is that path). FileNotFoundError when the entry is gone."""
+    with open(entry, "rb") as fh:
+        if fh.read(4) != b"PAR1":
+            return None
+    meta: dict[bytes, bytes] = pq.read_schema(entry).metadata or {}
+    return meta[JOURNAL_KEY].decode()
 
 
 def sqlite(path: Path, init: Callable[[sqlite3.Cursor, bool], None]) -> sqlite3.Connection:

@@ -111,8 +111,9 @@ def _tally_db(path: Path) -> sqlite3.Connection:
     return local.sqlite(path, lambda cur, _new: _SQL.create(cur))
 
 
-# A journal marker whose file never appeared is dropped after this long (its writer died
-# before writing it; a live writer writes the file within seconds of the marker).
+# A journal marker whose file never appeared (an older hangar's), or a journal entry cut off
+# before it was whole, is dropped after this long (its writer died; a live writer finishes
+# either within seconds).
 STALE_MARKER_S = 600.0
 
 BACKENDS: dict[str, str] = {
@@ -538,12 +539,13 @@ class Store:
 
 @dataclass(frozen=True)
 class _Staged:
-    """A record file written and journaled whose DuckDB row is not in yet (``_commit``)."""
+    """A record journaled and linked into place whose DuckDB row is not in yet (``_commit``)."""
 
     table: Table
     row: dict[str, Any]
     batch: pa.Table
-    marker: Path
+    marker: Path  # its journal entry (HANGAR_HOME/pending/), the record's file itself
+    path: Path  # the same file under parquet/, its folder not flushed yet
     tallied: bool
 
 
@@ -670,24 +672,25 @@ class EmbeddedStore(Store):
     def _stage(
         self, table: Table, records: list[Any], rows: list[dict[str, Any]] | None = None
     ) -> _Staged:
-        """``records``' Parquet file written, with its journal marker, and tallied; the DuckDB
-        row is ``_commit``'s."""
+        """``records``' Parquet file written as a journal entry, linked into place and tallied;
+        the DuckDB row is ``_commit``'s."""
         rows = rows if rows is not None else [table.to_row(r) for r in records]
         if len(rows) > 1:
             keys = {tuple(r[k] for k in table.file_key) for r in rows} if table.file_key else ()
             if len(keys) != 1:
                 raise ValueError(f"{table.name}: the rows of one file must share {table.file_key}")
         batch = pa.Table.from_pylist(rows, schema=table.arrow_schema())
-        # The marker first: should the process die after the file and before its DuckDB row,
-        # the next read finds the file through the marker, without listing parquet/.
-        marker = self._mark(table, rows[0])
+        # The journal entry first, and it is the record's file itself: once it is on disk the
+        # record is, and should the process die before the file is linked into place or before
+        # its DuckDB row, the next read finds it there, without listing parquet/.
+        marker, written = self._journal(table, rows[0], batch)
         try:
-            self._write_parquet(table, rows[0], batch)
+            path = self._link(table, rows[0], marker, written)
         except BaseException:
             marker.unlink(missing_ok=True)
             raise
         tallied = self._tally_rows(table, rows, marker.name)
-        return _Staged(table, rows[0], batch, marker, tallied)
+        return _Staged(table, rows[0], batch, marker, path, tallied)
 
     def _commit(self, staged: list[_Staged]) -> None:
         """The staged files' rows into DuckDB through one connection, then their markers gone
@@ -715,55 +718,103 @@ class EmbeddedStore(Store):
             names = sorted({s.table.name for s in staged})
             log.warning("%s; %s row(s) kept in Parquet only until the next sync", e, names)
             return  # the markers stay: the next read brings the rows in
-        for s in staged:
-            if not s.tallied:
-                continue
+        settled = [s for s in staged if s.tallied]
+        try:
+            # The records' links on disk before their journal entries go (one flush per folder).
+            for folder in sorted({s.path.parent for s in settled}):
+                fsync(folder)
+        except OSError as e:  # the entries stay: the next read flushes and removes them
+            log.warning("record folders not flushed yet: %s", e)
+            return
+        for s in settled:
             s.marker.unlink(missing_ok=True)
             try:
                 self._compactor.after_put(s.table, s.row)
             except Exception as e:  # the record is stored; the next put's compaction catches up
                 log.warning("compaction of %s deferred: %s", s.table.name, e)
 
-    def _mark(self, table: Table, row: dict[str, Any]) -> Path:
-        """A journal entry naming the file about to be written (its relative path inside)."""
+    def _journal(
+        self, table: Table, row: dict[str, Any], batch: pa.Table
+    ) -> tuple[Path, os.stat_result]:
+        """The journal entry ``HANGAR_HOME/pending/<random>.<table>``: the record's Parquet
+        file, naming its place under parquet/ in its metadata (``local.JOURNAL_KEY``), flushed
+        with its folder. Written under a name no reader takes, then renamed: whole or absent.
+        Returns the entry and its ``stat`` (which file it is, whoever removes the entry)."""
+        # Few system calls: in a trials run each one waits for the GIL behind the busy threads.
         pending = self.paths.pending
-        pending.mkdir(parents=True, exist_ok=True)
-        marker = pending / f"{uuid.uuid4().hex}.{table.name}"
-        with open(marker, "w") as fh:
-            fh.write(table.relpath(row))
-            fh.flush()
-            os.fsync(fh.fileno())
-        fsync(pending)
-        return marker
-
-    def _marked_file(self, entry: os.DirEntry[str]) -> Path | None:
-        """The record file a journal marker names, None while there is none to read: its
-        writer between creating the marker and its text (an empty name would be the whole
-        Parquet tree), or between the marker and the file."""
-        name = Path(entry.path).read_text()
-        path = self.paths.parquet / name
-        return path if name and path.is_file() else None
-
-    def _write_parquet(self, table: Table, row: dict[str, Any], batch: pa.Table) -> None:
-        path = self.paths.parquet / table.relpath(row)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # not named *.parquet, so no glob (sync, an analyst) sees a half-written file
-        tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+        name = f"{uuid.uuid4().hex}.{table.name}"
+        tmp, entry = pending / f".{name}.tmp", pending / name
+        meta = {**(batch.schema.metadata or {}), local.JOURNAL_KEY: table.relpath(row).encode()}
         try:
-            pq.write_table(batch, tmp)
-            fsync(tmp)
             try:
-                os.link(tmp, path)  # atomic and exclusive: never replaces an existing file
-            except FileExistsError:
-                self._check_duplicate(table, row, path)
-                return
-            part = self._compactor.registered(table, row)
-            if part is not None:  # its first file was compacted (compaction.py, step 4)
-                path.unlink()
-                raise self.duplicate_error(table, row, str(self.paths.parquet / part))
-            fsync(path.parent)
-        finally:
+                sink = pa.OSFile(str(tmp), "wb")
+            except FileNotFoundError:
+                pending.mkdir(parents=True, exist_ok=True)
+                sink = pa.OSFile(str(tmp), "wb")
+            with sink:
+                pq.write_table(batch.replace_schema_metadata(meta), sink)
+                os.fsync(sink.fileno())
+                written = os.fstat(sink.fileno())
+            os.rename(tmp, entry)
+        except BaseException:
             tmp.unlink(missing_ok=True)
+            raise
+        fsync(pending)
+        return entry, written
+
+    def _link(
+        self, table: Table, row: dict[str, Any], entry: Path, written: os.stat_result
+    ) -> Path:
+        """Link the journal entry to its file under parquet/ (atomic and exclusive: an existing
+        record is never replaced). Its folder is flushed before the entry goes (``_commit_now``):
+        until then the entry holds the record."""
+        path = self.paths.parquet / table.relpath(row)
+        try:
+            try:
+                os.link(entry, path)
+            except FileNotFoundError:
+                if path.parent.is_dir():
+                    raise
+                path.parent.mkdir(parents=True, exist_ok=True)  # the experiment's first
+                os.link(entry, path)
+        except (FileExistsError, FileNotFoundError):
+            # A reader links the entry of a writer slow between the two (and, done with it, may
+            # have removed the entry); else the place holds another record.
+            if not _is_file(path, written):
+                if not path.exists():
+                    raise
+                self._check_duplicate(table, row, path)
+                return path  # the same content, already stored (a same_content table)
+        part = self._compactor.registered(table, row)
+        if part is not None:  # its first file was compacted (compaction.py, step 4)
+            path.unlink()
+            raise self.duplicate_error(table, row, str(self.paths.parquet / part))
+        return path
+
+    def _journaled_file(self, entry: Path, table: Table) -> Path | None:
+        """The record file under parquet/ a journal entry stands for, None while there is none
+        to read. An entry not linked yet is linked here (its writer died, or stalls, between
+        the two); one whose place holds another file was a refused record's, and is dropped.
+        An older hangar's journal marker names its file as text: None until the file is there
+        (its writer between the marker and the file)."""
+        rel = local.journaled_path(entry)
+        if rel is None:
+            name = entry.read_text()  # an empty name would be the whole Parquet tree
+            path = self.paths.parquet / name
+            return path if name and path.is_file() else None
+        path = self.paths.parquet / rel
+        if not path.exists():
+            row = pq.read_table(entry).slice(0, 1).to_pylist()[0]
+            if self._compactor.registered(table, row) is not None:
+                entry.unlink(missing_ok=True)  # its key is in a part: the put was refused
+                return None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with suppress(FileExistsError):
+                os.link(entry, path)
+        if not _same_file(entry, path):
+            entry.unlink(missing_ok=True)  # a refused record's: its writer died before dropping it
+            return None
+        return path
 
     def _check_duplicate(self, table: Table, row: dict[str, Any], path: Path) -> None:
         if table.on_duplicate != "same_content":
@@ -825,17 +876,16 @@ class EmbeddedStore(Store):
             marker = Path(entry.path)
             table = BY_NAME.get(marker.suffix.lstrip("."))
             try:
-                path = self._marked_file(entry)
+                path = None if table is None else self._journaled_file(marker, table)
+                if path is None:
+                    # an entry cut off before it was whole (its ``.tmp``), or an older hangar's
+                    # marker whose file never appeared: dropped once older than any write
+                    if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
+                        marker.unlink(missing_ok=True)
+                    continue
             except FileNotFoundError:
-                continue  # another reader took it
-            if table is None:
-                continue
-            if path is None:
-                # a writer between its marker and its file, or one that died before the file:
-                # only a marker older than any write can be dropped
-                if time.time() - entry.stat().st_mtime > STALE_MARKER_S:
-                    marker.unlink(missing_ok=True)
-                continue
+                continue  # another reader or the committer took it
+            assert table is not None
             with _transaction(con):
                 con.execute(
                     f"INSERT OR IGNORE INTO {table.name} BY NAME SELECT * FROM read_parquet(?)",
@@ -845,8 +895,9 @@ class EmbeddedStore(Store):
                 if table.name in ("trials", "grades", "base_checks"):
                     rows = pq.read_table(path, columns=list(scope)).to_pylist()
                     _refresh_index(con, table.name, rows)
-            log.info("brought %s into DuckDB from its journal marker", path)
+            log.info("brought %s into DuckDB from its journal entry", path)
             if self._tally_file(table, path, marker.name):
+                fsync(path.parent)  # its link on disk before the entry goes
                 marker.unlink(missing_ok=True)
 
     @staticmethod
@@ -983,12 +1034,15 @@ class EmbeddedStore(Store):
             table = BY_NAME.get(Path(entry.name).suffix.lstrip("."))
             if table is None or table.name not in ("trials", "experiments"):
                 continue
+            with _TALLIED_GUARD:  # each start check meets the slots' entries: no read for them
+                if (self.paths.tally, entry.name) in _TALLIED:
+                    continue
             try:
-                path = self._marked_file(entry)
+                path = self._journaled_file(Path(entry.path), table)
                 if path is not None:
                     self._tally_file(table, path, entry.name)
             except FileNotFoundError:
-                continue  # healed and removed meanwhile, or its writer is still writing it
+                continue  # healed and removed meanwhile
 
     @contextmanager
     def _tally(self) -> Iterator[tuple[TallySQL, Cursor]]:
@@ -1043,6 +1097,20 @@ class EmbeddedStore(Store):
         """Merge every partition's small files into parts (results/compaction.py); each put
         does it for its own partition once it holds COMPACT_AT small files."""
         return self._compactor.compact()
+
+
+def _is_file(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` is the file ``st`` was taken of (False if there is none)."""
+    try:
+        got = path.stat()
+    except FileNotFoundError:
+        return False
+    return (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``b`` is a link of ``a`` (FileNotFoundError if ``a`` is gone)."""
+    return _is_file(b, a.stat())
 
 
 @contextmanager

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import factories as f
 import pytest
 
-from hangar_dagster.results.store import DuplicateRecordError, EmbeddedStore, Store
+from hangar_dagster.results.store import (
+    STALE_MARKER_S,
+    DuplicateRecordError,
+    EmbeddedStore,
+    Store,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -423,6 +430,152 @@ def test_a_crash_between_parquet_and_duckdb_heals_on_the_next_read(
     assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base", "skill"]
     store.paths.duckdb.unlink()
     assert Store(store.paths).sync() == 2
+
+
+def test_a_slots_put_flushes_its_journal_entry_and_the_commit_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slot's put flushed four times (marker, journal folder, Parquet file, its folder): the
+    # journal entry is the record's file now, and its folder is flushed once per commit.
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.experiment())
+    flushed: list[tuple[str, int]] = []
+    fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        entries = len(list(store.paths.pending.iterdir()))
+        flushed.append((os.readlink(f"/proc/self/fd/{fd}"), entries))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    pending = str(store.paths.pending)
+    with store.rows_behind(every_s=600):
+        store.put(f.trial("skill"))
+        assert [Path(p).parent.as_posix() for p, _ in flushed] == [
+            pending,
+            str(tmp_path / "hangar"),
+        ]
+        assert flushed[1][0] == pending
+        del flushed[:]
+    # the record's folder on disk while its journal entry is still there, then the entry gone
+    folder = store.paths.parquet / "trials" / f"experiment_id={f.EXP}"
+    assert flushed == [(str(folder), 1)]
+    assert list(store.paths.pending.iterdir()) == []
+    assert [t.variant for t in store.trials(f.EXP)] == ["skill"]
+
+
+_DIES_BEFORE_THE_LINK = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from pathlib import Path
+    from hangar_dagster.results.store import EmbeddedStore, Store
+    from hangar_dagster.settings import HangarPaths
+    # the journal entry is on disk, the file not yet linked into parquet/
+    EmbeddedStore._link = lambda *a: os._exit(9)
+    Store(HangarPaths(Path(sys.argv[1]))).put(f.trial("skill", cost_usd=0.5))
+""")
+
+
+def test_a_crash_between_the_journal_entry_and_its_link_heals_on_the_next_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _killed_after_one_trial(tmp_path, monkeypatch, _DIES_BEFORE_THE_LINK)
+    [entry] = store.paths.pending.iterdir()
+    placed = (
+        store.paths.parquet / "trials" / f"experiment_id={f.EXP}" / "skill.t1.1.attempt-1.parquet"
+    )
+    assert not placed.exists()
+    # the start check's heal links and tallies it; the next read brings its row in
+    assert store.next_attempt(f.EXP, "skill/t1/1") == 2
+    assert placed.is_file()
+    assert [(t.variant, t.cost_usd) for t in Store(store.paths).trials(f.EXP)] == [
+        ("base", f.trial().cost_usd),
+        ("skill", 0.5),
+    ]
+    assert not entry.exists()
+    store.paths.duckdb.unlink()  # and it is in the Parquet truth: a new database has it
+    assert Store(store.paths).sync() == 2
+
+
+_DIES_WRITING_THE_ENTRY = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from pathlib import Path
+    from hangar_dagster.results.store import Store
+    from hangar_dagster.settings import HangarPaths
+    # the entry written and flushed under its temporary name, not renamed into the journal
+    os.rename = lambda *a: os._exit(9)
+    Store(HangarPaths(Path(sys.argv[1]))).put(f.trial("skill"))
+""")
+
+
+def test_a_crash_writing_the_journal_entry_stores_nothing_and_its_leftover_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _killed_after_one_trial(tmp_path, monkeypatch, _DIES_WRITING_THE_ENTRY)
+    [left] = store.paths.pending.iterdir()
+    assert left.name.startswith(".") and left.name.endswith(".trials.tmp")
+    # put never returned: nothing is stored, and no reader takes the half-made entry
+    assert store.next_attempt(f.EXP, "skill/t1/1") == 1
+    assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base"]
+    assert left.exists(), "a writer may still be on it"
+    old = left.stat().st_mtime - STALE_MARKER_S - 1
+    os.utime(left, (old, old))
+    assert [t.variant for t in Store(store.paths).trials(f.EXP)] == ["base"]
+    assert list(store.paths.pending.iterdir()) == [], "a dead writer's leftover is dropped"
+
+
+_DIES_REFUSED = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    import factories as f
+    from pathlib import Path
+    from hangar_dagster.results.store import EmbeddedStore, Store
+    from hangar_dagster.settings import HangarPaths
+    # a second write of the stored key, killed as it is refused, before its entry is dropped
+    EmbeddedStore._check_duplicate = lambda *a: os._exit(9)
+    Store(HangarPaths(Path(sys.argv[1]))).put(f.trial(cost_usd=9.0))
+""")
+
+
+def test_the_journal_entry_of_a_refused_record_is_dropped_and_the_stored_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _killed_after_one_trial(tmp_path, monkeypatch, _DIES_REFUSED)
+    assert len(list(store.paths.pending.iterdir())) == 1
+    assert [t.cost_usd for t in Store(store.paths).trials(f.EXP)] == [f.trial().cost_usd]
+    assert store.next_attempt(f.EXP, "base/t1/1") == 2
+    assert list(store.paths.pending.iterdir()) == []
+    store.paths.duckdb.unlink()
+    assert [t.cost_usd for t in Store(store.paths).trials(f.EXP)] == [f.trial().cost_usd]
+
+
+def test_a_reader_links_a_slow_writers_entry_and_the_writer_still_stores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f.make_store(tmp_path, monkeypatch)
+    store.put(f.trial())
+    seen: list[list[str]] = []
+    link = EmbeddedStore._link
+
+    def slow(self: EmbeddedStore, *a: Any) -> Path:
+        # between the writer's entry and its link, another store reads: it links the entry,
+        # brings the row in and removes the entry
+        seen.append([t.variant for t in Store(store.paths).trials(f.EXP)])
+        assert list(store.paths.pending.iterdir()) == []
+        return link(self, *a)
+
+    monkeypatch.setattr(EmbeddedStore, "_link", slow)
+    store.put(f.trial("skill"))  # not refused: the file in its place is its own
+    monkeypatch.setattr(EmbeddedStore, "_link", link)
+    assert seen == [["base", "skill"]]
+    assert [t.variant for t in store.trials(f.EXP)] == ["base", "skill"]
+    assert store.next_attempt(f.EXP, "skill/t1/1") == 2
+    assert list(store.paths.pending.iterdir()) == []
+    with pytest.raises(DuplicateRecordError):
+        store.put(f.trial("skill"))
 
 
 def test_reads_do_not_list_the_parquet_tree(
