@@ -24,8 +24,10 @@ import secrets
 import shlex
 import stat
 import tempfile
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -130,6 +132,39 @@ _MAX_FILE_MB = 256  # the largest file a grader command can write (RLIMIT_FSIZE)
 _ENV_EXTRA = {"HANGAR_TRIAL", "HANGAR_VARIANT"}
 _MESSAGE_CHARS = 200  # of a test's failure / skip message kept per test
 PRISTINE = "pristine"  # in a grader's work root: one pristine clone per (repo, base SHA)
+
+
+# The background removers of grades' work dirs while a trials stage's slots run
+# (``work_removed_behind``): the innermost block's.
+_BEHIND: list[concurrent.futures.ThreadPoolExecutor] = []
+_BEHIND_GUARD = threading.Lock()
+
+
+@contextmanager
+def work_removed_behind() -> Iterator[None]:
+    """Within the block, a grader run's work dir is removed by a background thread once the
+    run is over, not by the thread that graded: a trials stage's slot goes on to store the
+    grade and start its next trial (the removal, outside the grader's time, was the largest
+    part of a slot's time between trials: docs/performance.md). Every one is removed when the
+    block ends; a process that dies first leaves them, as one killed mid-grade does."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hangar-grade-cleanup")
+    with _BEHIND_GUARD:
+        _BEHIND.append(pool)
+    try:
+        yield
+    finally:
+        with _BEHIND_GUARD:
+            _BEHIND.remove(pool)
+        pool.shutdown(wait=True)
+
+
+def _remove_work(work: Path) -> None:
+    """A grader run's work dir removed: now, or behind (``work_removed_behind``)."""
+    with _BEHIND_GUARD:
+        if _BEHIND:
+            _BEHIND[-1].submit(remove_tree, work)
+            return
+    remove_tree(work)
 
 
 def grading_root(paths: HangarPaths) -> Path:
@@ -468,7 +503,7 @@ def run_grader(
     finally:
         for p in pipes:
             p.finish()
-        remove_tree(work)
+        _remove_work(work)
 
 
 def _run_sealed(

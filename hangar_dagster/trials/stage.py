@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hangar_dagster.experiment.overlay import record_pins as record_overlay_pins
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
+from hangar_dagster.grading.grader import work_removed_behind
 from hangar_dagster.grading.stage import grade_and_store
 from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
 from hangar_dagster.queue.partitions import NOT_PENDING, longest_first, plan_partitions
@@ -184,8 +185,9 @@ def run_trials(
 
         order = longest_first(plan.run, expected)
         # The slots' puts leave their DuckDB rows to the store's committer thread: a slot goes
-        # on to its grade and its next trial once the record is safe (Store.rows_behind).
-        with store.rows_behind():
+        # on to its grade and its next trial once the record is safe (Store.rows_behind), and
+        # its grades' work dirs to a remover thread (grader.work_removed_behind).
+        with store.rows_behind(), work_removed_behind():
             for key, result in concurrently(order, one, exp.spec.parallel):
                 if isinstance(result, str):
                     log.info(f"trial {key.key} not started: {result}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from grading_builders import FIXED, HIDDEN, HIDDEN_WEAK, PatchMaker, experiment
 
 from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.grading import grader
 from hangar_dagster.grading.grader import (
     PRISTINE,
     base_check_log,
@@ -338,3 +340,27 @@ def test_golden_txt_hidden_file_gets_no_canary_line(
     run = run_grader(exp, "t1", fixed, label="golden", work_root=hpaths.work, env_extra={})
     assert run.passed is True and run.counts["passed"] == 1, run.output
     assert run.canary_files == 1  # the test file carries it, the golden file does not
+
+
+def test_inside_a_trials_stage_a_grades_work_dir_is_removed_behind_it(
+    task_repo: tuple[Path, str], hpaths: HangarPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The removal, outside the grader's time, was the largest part of a slot's time between
+    # trials: the slot goes on, and the block's end waits for every removal.
+    exp = exp_for(task_repo)
+    gate = threading.Event()
+    remove = grader.remove_tree
+
+    def held(work: Path) -> None:
+        assert gate.wait(60)
+        remove(work)
+
+    monkeypatch.setattr(grader, "remove_tree", held)
+    with grader.work_removed_behind():
+        run = run_grader(
+            exp, "t1", "", label="behind", work_root=hpaths.work / "grading", env_extra={}
+        )
+        assert run.counts["failed"] == 1, run.output
+        assert not work_is_clean(hpaths), "the work dir is removed behind the grade"
+        gate.set()
+    assert work_is_clean(hpaths)
