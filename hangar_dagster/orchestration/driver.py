@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import dagster as dg
 
@@ -27,16 +32,22 @@ from hangar_dagster.experiment.catalog import active_experiments
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.instance import ensure_dagster_home
 from hangar_dagster.orchestration.stages import (
+    TAG_INDEX,
+    grid,
     job_name,
     job_tags,
     run_selection,
     setup_stages,
+    span_tags,
     stage_tags,
+    trials_span,
     writes_index,
 )
 from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
+from hangar_dagster.queue.partitions import RunRange
 from hangar_dagster.queue.starts import (
+    Pending,
     base_checks_stored,
     blocker,
     fit_blocker,
@@ -46,6 +57,7 @@ from hangar_dagster.queue.starts import (
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings
 
+T = TypeVar("T")
 # The CLI shows trial progress at INFO; step-level DEBUG events stay in the UI's run log.
 QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # How long an interrupted `run --wait` waits for its cut-off trials to be stored and its run to end.
@@ -90,8 +102,103 @@ class StageFailed(RuntimeError):
         self.run_id = run_id
 
 
+def execute_stage(
+    exp: ResolvedExperiment, instance: dg.DagsterInstance, stage: str, tags: dict[str, str]
+) -> tuple[str, bool]:
+    """Execute one run of ``stage`` with run tags ``tags`` in this process: (run id, success)."""
+    job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
+    tags = tags | {TAG_CREATOR: creator_tag()}
+    result = dg.execute_job(
+        job,
+        instance,
+        run_config=QUIET,
+        tags=tags,
+        raise_on_error=False,
+        asset_selection=run_selection(exp, stage, tags),
+    )
+    return result.run_id, result.success
+
+
 # The waiting reasons `run --wait` sleeps through: the window will open, or close and open.
 WINDOW_REASONS = ("eval_window", "window_fit")
+
+
+def _without(work: Pending, skip: Callable[[TrialKey], bool]) -> Pending:
+    """``work`` less the keys ``skip`` names (those of a slice already running)."""
+    return Pending(
+        new=[k for k in work.new if not skip(k)],
+        retries={k: r for k, r in work.retries.items() if not skip(TrialKey.parse(k))},
+        notes=work.notes,
+        grades=[k for k in work.grades if not skip(k)],
+    )
+
+
+class _Slice:
+    """One trials slice's run, executed by ``python -m hangar_dagster.orchestration.slice_run``.
+
+    A process of its own because two runs in one process would share its stdout and stderr,
+    which Dagster's compute log capture redirects per run (file descriptors, not threads).
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], out: Path, span: RunRange, before: Any):
+        self.proc, self.out, self.span, self.before = proc, out, span, before
+
+    @classmethod
+    def start(cls, exp: ResolvedExperiment, span: RunRange, before: Any) -> _Slice:
+        tags = span_tags(span) | {TAG_INDEX: "false"}  # the index runs once, after the last
+        fd, out = tempfile.mkstemp(prefix="hangar-slice-", suffix=".json")
+        os.close(fd)
+        cmd = [sys.executable, "-m", "hangar_dagster.orchestration.slice_run"]
+        cmd += [exp.experiment_id, json.dumps(tags), out, str(os.getpid())]
+        return cls(subprocess.Popen(cmd), Path(out), span, before)
+
+    def made_no_progress(self, now: Any) -> bool:
+        return bool(now == self.before)
+
+    @staticmethod
+    def first_to_end(running: list[_Slice]) -> _Slice:
+        """Wait for the first of ``running`` to end and take it out (``Interrupted`` if this
+        process is: the caller stops the others)."""
+        while not (done := [s for s in running if s.proc.poll() is not None]):
+            if why := interrupted():
+                raise Interrupted(why)
+            time.sleep(0.2)
+        running.remove(done[0])
+        return done[0]
+
+    def result(self) -> str:
+        """The ended run's id, or ``Interrupted`` / ``StageFailed``."""
+        try:
+            said = json.loads(self.out.read_text() or "{}")
+        finally:
+            self.out.unlink(missing_ok=True)
+        if why := said.get("interrupted"):
+            raise Interrupted(str(why))
+        if "run_id" not in said:
+            raise RuntimeError(
+                f"a trials slice's process exited {self.proc.returncode} before its run ended; "
+                "its output above says why"
+            )
+        if not said["success"]:
+            raise StageFailed("trials", said["run_id"])
+        return str(said["run_id"])
+
+    @staticmethod
+    def stop(slices: list[_Slice]) -> None:
+        """SIGTERM the slices still running (each cuts off its trials and ends its run, as
+        ``drive`` does), then SIGKILL what is left before the caller's grace runs out."""
+        alive = [s for s in slices if s.proc.poll() is None]
+        for s in alive:
+            s.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S - 1
+        for s in alive:
+            try:
+                s.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                s.proc.kill()  # its run stays in flight: drive marks it failed
+                s.proc.wait()
+        for s in slices:
+            s.out.unlink(missing_ok=True)
 
 
 def run_stages(
@@ -115,27 +222,19 @@ def run_stages(
         nonlocal indexed
         if why := interrupted():
             raise Interrupted(why)
-        job = dg.build_reconstructable_job(__name__, stage_job.__name__, (job_name(exp, stage),))
-        tags = stage_tags(exp, stage, due, settings.run_partitions) | {TAG_CREATOR: creator_tag()}
-        result = dg.execute_job(
-            job,
-            instance,
-            run_config=QUIET,
-            tags=tags,
-            raise_on_error=False,
-            asset_selection=run_selection(exp, stage, tags),
-        )
-        run_ids.append(result.run_id)
-        indexed = result.success and writes_index(job_tags(exp, stage) | tags)
+        tags = stage_tags(exp, stage, due, settings.run_partitions)
+        run_id, success = execute_stage(exp, instance, stage, tags)
+        run_ids.append(run_id)
+        indexed = success and writes_index(job_tags(exp, stage) | tags)
         if why := interrupted():  # the run ended early because of it: say that, not its status
             raise Interrupted(why)
-        if result.success:
+        if success:
             return
         if stage == "base_checks" and base_checks_stored(exp, store):
             for task, why in invalid_tasks(exp, store).items():
                 say(f"task {task} is invalid ({why}): its trials are not started")
             return
-        raise StageFailed(stage, result.run_id)
+        raise StageFailed(stage, run_id)
 
     for stage in setup_stages(exp):
         execute(stage)
@@ -147,31 +246,83 @@ def run_stages(
         eid = exp.experiment_id
         return len(store.attempts(eid)), len(store.graded_attempts(eid))
 
-    while work := pending(exp, store, settings):
-        if cut := interrupted():  # also while sleeping for the window
-            raise Interrupted(cut)
-        now = dt.datetime.now(dt.UTC)
-        why = blocker(exp, store, settings, now) or fit_blocker(
-            exp, work.keys, store, settings, now
-        )
-        # Grades missing (a crash between a trial and its grade) are graded whatever blocks a
-        # start: the trials run grades every finished attempt, and starts no trial while blocked.
-        if why and not work.grades and why.startswith(WINDOW_REASONS) and window_wait:
-            say(f"waiting ({len(work.keys)} trials): {why}")
-            # Closed: until it opens. Open, but no trial fits: until it closes (then it is closed).
-            wake = window.next_open(now) if why.startswith("eval_window") else window.closes_at(now)
-            sleep(min(60.0, max(1.0, ((wake or now) - now).total_seconds())))
-            continue
-        if why and not work.grades:
-            say(f"not starting {len(work.keys)} trials: {why}")
-            break
-        if work.grades:
-            say(f"grading {len(work.grades)} finished trial(s) that have no grade")
-        before = progress()
-        # While starts are blocked the run only grades; else it covers the next slice of work.
-        execute("trials", work.grades if why else work.keys + work.grades)
-        if progress() == before:
-            break  # nothing could start (e.g. the window closed as the run began): don't spin
+    grid_ = grid(exp)
+    running: list[_Slice] = []  # slices' runs, each in its own process: at most two at once
+    started: list[_Slice] = []
+
+    def finish_one() -> bool:
+        """Wait for a slice to end; False when nothing was stored since it began and no other
+        slice runs (nothing could start: stop, don't spin)."""
+        ended = _Slice.first_to_end(running)
+        run_ids.append(ended.result())
+        return bool(running) or not ended.made_no_progress(progress())
+
+    try:
+        while True:
+            work = pending(exp, store, settings)
+            for r in running:  # its keys are its own: the next slice is planned without them
+                work = _without(work, functools.partial(grid_.covers, r.span))
+            if not work:
+                if not running:
+                    break
+                if not finish_one():  # then plan again: its failures may be due now
+                    break
+                continue
+            if cut := interrupted():  # also while sleeping for the window
+                raise Interrupted(cut)
+            now = dt.datetime.now(dt.UTC)
+            why = blocker(exp, store, settings, now) or fit_blocker(
+                exp, work.keys, store, settings, now
+            )
+            if why and not work.grades and running:
+                if not finish_one():  # blocked now: what it ran decides what comes next
+                    break
+                continue
+            # Grades missing (a crash between a trial and its grade) are graded whatever blocks
+            # a start: the trials run grades every finished attempt, and starts no trial while
+            # blocked.
+            if why and not work.grades and why.startswith(WINDOW_REASONS) and window_wait:
+                say(f"waiting ({len(work.keys)} trials): {why}")
+                # Closed: until it opens. Open, but no trial fits: until it closes (then closed).
+                wake = (
+                    window.next_open(now)
+                    if why.startswith("eval_window")
+                    else window.closes_at(now)
+                )
+                sleep(min(60.0, max(1.0, ((wake or now) - now).total_seconds())))
+                continue
+            if why and not work.grades:
+                say(f"not starting {len(work.keys)} trials: {why}")
+                break
+            if work.grades:
+                say(f"grading {len(work.grades)} finished trial(s) that have no grade")
+            # While starts are blocked the run only grades; else it covers the next slice of work.
+            due = work.grades if why else work.keys + work.grades
+            span = trials_span(exp, due, settings.run_partitions)
+            assert span is not None  # due is not empty
+            if not running and span.last:
+                # One slice holds all that is due: this process runs it (and the index).
+                before = progress()
+                execute("trials", due)
+                if progress() == before:
+                    break  # nothing could start (e.g. the window closed as it began): don't spin
+                continue
+            if len(running) == 2 or any(grid_.overlap(r.span, span) for r in running):
+                # Two at once are enough to keep the slots busy; a relaunch's ragged rectangles
+                # that share a partition go one at a time.
+                if not finish_one():
+                    break
+                continue
+            # Several slices: each runs in a process of its own, and the next one's run is made
+            # and started while this one still works, so the slots go on at once where they
+            # would wait for this run's tail and the next one's creation (docs/architecture.md,
+            # "Between slices"). The runs share the experiment's `parallel` (queue/slots.py);
+            # none of them writes the index, which runs once when the last has ended.
+            running.append(_Slice.start(exp, span, progress()))
+            started.append(running[-1])
+            indexed = False
+    finally:
+        _Slice.stop(started)  # an interrupt or a failure: no slice's process outlives this
     if not indexed:
         execute("index")
     return run_ids
@@ -237,13 +388,23 @@ def drive(
                 window_wait=window_wait,
             )
 
+    return with_signals(exp, stages)
+
+
+def with_signals(exp: ResolvedExperiment, work: Callable[[], T], own_runs: bool = False) -> T:
+    """``work()`` in a worker thread, SIGINT and SIGTERM turned into ``interrupt`` (see ``drive``).
+
+    After an interrupt it waits ``INTERRUPT_GRACE_S`` for ``work`` to end, marks failed the
+    experiment's runs still in flight (``own_runs``: only those this process created, as a
+    slice's process does beside its siblings) and raises ``Interrupted``.
+    """
     if threading.current_thread() is not threading.main_thread():
-        return stages()  # signals reach only the main thread: nothing to catch here
+        return work()  # signals reach only the main thread: nothing to catch here
     done: dict[str, Any] = {}
 
     def worker() -> None:
         try:
-            done["runs"] = stages()
+            done["result"] = work()
         except BaseException as e:  # handed to the main thread, raised there
             done["error"] = e
 
@@ -258,21 +419,23 @@ def drive(
             thread.join(0.2)
         if (why := interrupted()) is not None:
             thread.join(INTERRUPT_GRACE_S)  # the cut-off trials are stored, the run ends
-            failed = _fail_runs_in_flight(exp, why) if thread.is_alive() else []
-            raise Interrupted(why, failed)
+            # A slice's process killed after its grace leaves its run in flight, so this looks
+            # even when the worker thread ended.
+            raise Interrupted(why, _fail_runs_in_flight(exp, why, own_runs))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if "error" in done:
         raise done["error"]
-    runs: list[str] = done["runs"]
-    return runs
+    result: T = done["result"]
+    return result
 
 
-def _fail_runs_in_flight(exp: ResolvedExperiment, why: str) -> list[str]:
+def _fail_runs_in_flight(exp: ResolvedExperiment, why: str, own_runs: bool) -> list[str]:
     """Mark failed the runs of ``exp`` this process leaves behind, so ``resume`` may start.
 
     ``resume`` refuses beside a run in flight, and this one's process is about to exit.
+    ``own_runs``: only the runs this process created (``TAG_CREATOR``).
     """
     from hangar_dagster.orchestration.sensors import IN_FLIGHT
     from hangar_dagster.orchestration.stages import TAG_EXPERIMENT
@@ -280,7 +443,16 @@ def _fail_runs_in_flight(exp: ResolvedExperiment, why: str) -> list[str]:
     failed = []
     with dg.DagsterInstance.get() as instance:
         for run in instance.get_runs(dg.RunsFilter(tags={TAG_EXPERIMENT: exp.experiment_id})):
+            if own_runs and _creator_pid(run.tags.get(TAG_CREATOR)) != os.getpid():
+                continue
             if run.status in IN_FLIGHT:
                 instance.report_run_failed(run, f"{why}; its process exited")
                 failed.append(run.run_id)
     return failed
+
+
+def _creator_pid(tag: str | None) -> int | None:
+    try:
+        return int(json.loads(tag)["pid"]) if tag else None
+    except (ValueError, KeyError, TypeError):
+        return None

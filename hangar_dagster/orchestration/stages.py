@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 import dagster as dg
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
-from hangar_dagster.queue.partitions import RUN_PARTITIONS, run_range
+from hangar_dagster.queue.partitions import RUN_PARTITIONS, Grid, RunRange, run_range
 from hangar_dagster.queue.starts import EVAL_PRIORITY, EVAL_QUEUE, QUEUE_TAG
 
 # The setup stages' runs, in order: the spec runs inside the pin sets' run (``stage_assets``).
@@ -121,6 +121,38 @@ def job_tags(exp: ResolvedExperiment, stage: str) -> dict[str, str]:
     return tags
 
 
+def _rows_and_columns(exp: ResolvedExperiment) -> tuple[list[str], list[str]]:
+    """The trials partitions' task_reps and variants, each in partition order."""
+    *_, trials_def = partitions(exp)
+    dims = {d.name: d.partitions_def.get_partition_keys() for d in trials_def.partitions_defs}
+    return list(dims["task_rep"]), list(dims["variant"])
+
+
+def grid(exp: ResolvedExperiment) -> Grid:
+    """The trials partitions' rows and columns (``queue.partitions.Grid``)."""
+    return Grid(*_rows_and_columns(exp))
+
+
+def trials_span(
+    exp: ResolvedExperiment, due: Iterable[TrialKey], limit: int = RUN_PARTITIONS
+) -> RunRange | None:
+    """The rectangle of the next trials run over ``due`` (``queue.partitions.run_range``)."""
+    return run_range(*_rows_and_columns(exp), due, limit)
+
+
+def span_tags(span: RunRange) -> dict[str, str]:
+    """A trials run's tags over ``span``: its range, whether it writes the index, the eval queue."""
+    start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})
+    end = dg.MultiPartitionKey({"task_rep": span.task_reps[1], "variant": span.variants[1]})
+    return {
+        RANGE_START: str(start),
+        RANGE_END: str(end),
+        TAG_INDEX: str(span.last).lower(),
+        QUEUE_TAG: EVAL_QUEUE,
+        "dagster/priority": EVAL_PRIORITY,
+    }
+
+
 def stage_tags(
     exp: ResolvedExperiment,
     stage: str,
@@ -143,13 +175,10 @@ def stage_tags(
     if part is None:
         return {}
     if stage == "trials" and due is not None:
-        dims = {d.name: d.partitions_def.get_partition_keys() for d in trials_def.partitions_defs}
-        span = run_range(dims["task_rep"], dims["variant"], due, limit)
+        span = trials_span(exp, due, limit)
         if span is None:
             raise ValueError(f"a trials run of {exp.experiment_id} was asked for no due key")
-        start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})
-        end = dg.MultiPartitionKey({"task_rep": span.task_reps[1], "variant": span.variants[1]})
-        tags = {RANGE_START: str(start), RANGE_END: str(end), TAG_INDEX: str(span.last).lower()}
+        tags = span_tags(span)
     else:
         keys = part.get_partition_keys()
         tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}

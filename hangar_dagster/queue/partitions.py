@@ -113,6 +113,33 @@ def run_range(
     )
 
 
+class Grid:
+    """The trials partitions as rows (task_reps) x columns (variants), in partition order: which
+    keys a run's rectangle covers, and whether two rectangles share a partition."""
+
+    def __init__(self, task_reps: Sequence[str], variants: Sequence[str]) -> None:
+        self.row = {t: i for i, t in enumerate(task_reps)}
+        self.col = {v: i for i, v in enumerate(variants)}
+
+    def _bounds(self, span: RunRange) -> tuple[int, int, int, int]:
+        return (
+            self.row[span.task_reps[0]],
+            self.row[span.task_reps[1]],
+            self.col[span.variants[0]],
+            self.col[span.variants[1]],
+        )
+
+    def covers(self, span: RunRange, key: TrialKey) -> bool:
+        top, bottom, left, right = self._bounds(span)
+        return top <= self.row[key.task_rep] <= bottom and left <= self.col[key.variant] <= right
+
+    def overlap(self, a: RunRange, b: RunRange) -> bool:
+        a_top, a_bottom, a_left, a_right = self._bounds(a)
+        b_top, b_bottom, b_left, b_right = self._bounds(b)
+        rows = a_top <= b_bottom and b_top <= a_bottom
+        return rows and a_left <= b_right and b_left <= a_right
+
+
 def longest_first(keys: Iterable[TrialKey], expected: Mapping[TrialKey, float]) -> list[TrialKey]:
     """``keys`` with the longest expected work first (a trial and its grade, from earlier runs of
     the same pin set and task): longest-processing-time order, which keeps a pool of slots from

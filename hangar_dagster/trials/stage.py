@@ -17,6 +17,7 @@ asset turns it into partition metadata.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from hangar_dagster.grading.stage import grade_and_store
 from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
 from hangar_dagster.queue.partitions import NOT_PENDING, longest_first, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
+from hangar_dagster.queue.slots import experiment_slots
 from hangar_dagster.queue.starts import (
     TokenThrottle,
     blocker,
@@ -145,9 +147,24 @@ def run_trials(
             else f"power_down: the eval window {window.describe()} closed"
         )
 
+    slots = experiment_slots(paths.experiment_dir(exp.experiment_id), exp.spec.parallel)
+    turn = slots.turn()
+    order = longest_first(plan.run, expected)
+    handed = itertools.count(1)  # keys handed to a slot so far (its __next__ is atomic)
     with DrainWatcher(drain_reason) as watcher:
 
+        def stop() -> str | None:
+            return interrupted() or watcher.why
+
         def one(key: TrialKey) -> TrialRecord | str:
+            if next(handed) == len(order):
+                turn.give_up()  # every key of this run is in a slot's hands: the next run's go on
+            # A slot of the experiment's ``parallel``, shared with an overlapping run of the
+            # next or previous slice (queue/slots.py); within this run there is always one.
+            with slots.hold(stop) as stopped:
+                return stopped or one_in_slot(key)
+
+        def one_in_slot(key: TrialKey) -> TrialRecord | str:
             throttle.wait(cancelled=watcher.cancel.is_set)
             # An interrupt stops starts at once, not at the watcher's next look.
             now = dt.datetime.now(dt.UTC)
@@ -183,20 +200,29 @@ def run_trials(
                     log.warning(f"trial {key.key}: its grade is left to the grades step: {err}")
             return record
 
-        order = longest_first(plan.run, expected)
+        # An overlapping run of the slice before starts its keys first (queue/slots.py, Turn).
+        waited = turn.take(stop) if order else None
         # The slots' puts leave their DuckDB rows to the store's committer thread: a slot goes
         # on to its grade and its next trial once the record is safe (Store.rows_behind), and
         # its grades' work dirs to a remover thread (grader.work_removed_behind).
-        with store.rows_behind(), work_removed_behind():
-            for key, result in concurrently(order, one, exp.spec.parallel):
-                if isinstance(result, str):
-                    log.info(f"trial {key.key} not started: {result}")
-                    out[key] = TrialPartition(key, not_started=result)
-                    continue
-                log.info(_started(result))
-                out[key] = TrialPartition(key, record=result)
-                for said in record_overlay_pins(exp, store, run_id):
-                    log.info(said)
+        try:
+            with store.rows_behind(), work_removed_behind():
+                for key, result in concurrently(
+                    order if waited is None else [], one, exp.spec.parallel
+                ):
+                    if isinstance(result, str):
+                        log.info(f"trial {key.key} not started: {result}")
+                        out[key] = TrialPartition(key, not_started=result)
+                        continue
+                    log.info(_started(result))
+                    out[key] = TrialPartition(key, record=result)
+                    for said in record_overlay_pins(exp, store, run_id):
+                        log.info(said)
+        finally:
+            turn.give_up()
+        if waited is not None:
+            log.info(f"{len(order)} trial(s) not started: {waited}")
+            out |= {k: TrialPartition(k, not_started=waited) for k in order}
     for note in record_queue_notes(exp, store, settings):  # what this run's failures led to
         log.warning(note.message)
     return out

@@ -13,6 +13,7 @@ from hangar_dagster.queue.partitions import (
     NOT_IN_VARIANT,
     NOT_PENDING,
     RUN_PARTITIONS,
+    Grid,
     PartitionPlan,
     RunRange,
     longest_first,
@@ -110,6 +111,29 @@ def test_a_row_wider_than_the_limit_is_still_run_alone() -> None:
     due = [_key(REPS[0], v) for v in VARIANTS] + [_key(REPS[1], "v0")]
     span = run_range(REPS, VARIANTS, due, limit=4)
     assert span == RunRange((REPS[0], REPS[0]), ("v0", "v9"), 10, last=False)
+
+
+def test_the_next_slice_planned_beside_a_running_one_shares_no_partition_with_it() -> None:
+    """The driver plans the next slice without the keys of the one running (overlapping
+    slices): a fresh experiment's next rectangle is disjoint, and a relaunch's ragged one that
+    still reaches into the running rectangle is seen to overlap (it then waits)."""
+    grid = Grid(REPS, VARIANTS)
+    due = [_key(r, v) for r in REPS[:200] for v in VARIANTS]
+    running = run_range(REPS, VARIANTS, due)
+    assert running is not None
+    rest = [k for k in due if not grid.covers(running, k)]
+    assert len(rest) == len(due) - 500
+    after = run_range(REPS, VARIANTS, rest)
+    assert after is not None and not grid.overlap(running, after)
+    assert after.task_reps[0] == REPS[50]
+
+    narrow = RunRange((REPS[7], REPS[9]), ("v3", "v5"), 9, last=False)
+    assert grid.covers(narrow, _key(REPS[8], "v4")) and not grid.covers(narrow, _key(REPS[8], "v6"))
+    # Keys outside it in rows it spans, on both sides of its columns: their rectangle crosses it.
+    ragged = run_range(REPS, VARIANTS, [_key(REPS[8], "v1"), _key(REPS[9], "v8")])
+    assert ragged is not None and grid.overlap(narrow, ragged) and grid.overlap(ragged, narrow)
+    below = RunRange((REPS[10], REPS[12]), ("v0", "v9"), 30, last=True)
+    assert not grid.overlap(narrow, below)
 
 
 def test_nothing_due_has_no_range() -> None:

@@ -153,3 +153,44 @@ def test_a_key_whose_task_the_variant_does_not_run_is_skipped(
     got = stage(exp, "run-n", [PLAIN], Said())
     assert got == {PLAIN: TrialPartition(PLAIN, skipped=NOT_IN_VARIANT)}
     assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
+
+
+def test_two_runs_of_one_experiment_share_its_parallel_slots(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    """A slice's run overlapping the next one's (driver: "Between slices") keeps ``parallel``:
+    with ``parallel: 1`` their trials never run at once, each run on its own keys."""
+    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
+    spec.update(
+        name="stage-shared-slots",
+        trials=1,
+        parallel=1,
+        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
+    )
+    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    got: dict[str, dict[TrialKey, TrialPartition]] = {}
+
+    def run(run_id: str, key: TrialKey) -> None:
+        got[run_id] = run_trials(
+            exp,
+            Store(paths()),
+            f.settings(ALWAYS),
+            run_id,
+            [key],
+            in_flight=lambda marker: True,  # the other run is alive: its trial is not cut off
+            log=Said(),
+        )
+
+    import threading
+
+    threads = [threading.Thread(target=run, args=a) for a in (("run-a", PLAIN), ("run-b", SKILL))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    records = [p.record for parts in got.values() for p in parts.values()]
+    assert len(records) == 2 and all(r is not None for r in records)
+    first, second = sorted(records, key=lambda r: r.started_at)  # type: ignore[union-attr]
+    assert first is not None and second is not None
+    assert {first.run_id, second.run_id} == {"run-a", "run-b"}
+    assert second.started_at >= first.finished_at, "both runs' trials ran at once"
