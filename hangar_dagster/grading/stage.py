@@ -33,6 +33,7 @@ from hangar_dagster.grading.grader import (
 )
 from hangar_dagster.queue.drain import interrupted
 from hangar_dagster.queue.partitions import NO_TRIAL, plan_partitions
+from hangar_dagster.queue.slots import experiment_slots
 from hangar_dagster.results.records import BaseCheckRecord, GradeRecord, Record, TrialRecord
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import HangarPaths, Settings
@@ -229,10 +230,16 @@ def run_grades(
     # otherwise every attempt is a group of its own.
     groups = patch_groups(exp, trials) if exp.regrade_of else [[t] for t in trials]
 
+    # A grader run holds a slot of the experiment's ``parallel`` as a trial does: beside an
+    # overlapping slice's run (queue/slots.py) the two runs' graders and trials share them.
+    slots = experiment_slots(paths.experiment_dir(exp.experiment_id), exp.spec.parallel)
+
     def one(group: list[TrialRecord]) -> list[GradeRecord] | str:
-        if why := interrupted():  # stopping: no grader run starts, the next run grades them
-            return why
-        return grade_group(exp, store, group, checks, run_id, paths, settings)
+        with slots.hold(interrupted) as stopped:
+            # stopping: no grader run starts, the next run grades them
+            if why := stopped or interrupted():
+                return why
+            return grade_group(exp, store, group, checks, run_id, paths, settings)
 
     for group, made in concurrently(groups, one, exp.spec.parallel):
         for i, trial in enumerate(group):

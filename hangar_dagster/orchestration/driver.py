@@ -6,12 +6,14 @@ eval-queue work. ``run_stages`` executes the
 stages in this process against the shared instance (``hangar experiment run
 --wait``): the setup stages once, then trials runs while the queue has work
 for the experiment (waiting for the eval window when it is closed), then the
-index unless the last run wrote it (the last slice's trials run does: ``stages.stage_tags``). The ``experiment_driver`` sensor walks the same stages through the
-daemon instead (no ``--wait``).
+index unless the last run wrote it (a trials run that covers all that is due does:
+``stages.stage_tags``; slices that overlap, each in a process of its own, never do). The
+``experiment_driver`` sensor walks the same stages through the daemon instead (no ``--wait``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -133,6 +135,10 @@ def _without(work: Pending, skip: Callable[[TrialKey], bool]) -> Pending:
     )
 
 
+# Every slice process this one started and has not seen end (``_Slice.kill_left``).
+_SLICE_PROCS: set[subprocess.Popen[bytes]] = set()
+
+
 class _Slice:
     """One trials slice's run, executed by ``python -m hangar_dagster.orchestration.slice_run``.
 
@@ -150,7 +156,9 @@ class _Slice:
         os.close(fd)
         cmd = [sys.executable, "-m", "hangar_dagster.orchestration.slice_run"]
         cmd += [exp.experiment_id, json.dumps(tags), out, str(os.getpid())]
-        return cls(subprocess.Popen(cmd), Path(out), span, before)
+        proc = subprocess.Popen(cmd)
+        _SLICE_PROCS.add(proc)
+        return cls(proc, Path(out), span, before)
 
     def made_no_progress(self, now: Any) -> bool:
         return bool(now == self.before)
@@ -184,13 +192,20 @@ class _Slice:
         return str(said["run_id"])
 
     @staticmethod
+    def kill_left() -> None:
+        for proc in list(_SLICE_PROCS):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    @staticmethod
     def stop(slices: list[_Slice]) -> None:
         """SIGTERM the slices still running (each cuts off its trials and ends its run, as
         ``drive`` does), then SIGKILL what is left before the caller's grace runs out."""
         alive = [s for s in slices if s.proc.poll() is None]
         for s in alive:
             s.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S - 1
+        deadline = time.monotonic() + INTERRUPT_GRACE_S - 2  # within the main thread's grace
         for s in alive:
             try:
                 s.proc.wait(max(0.1, deadline - time.monotonic()))
@@ -199,6 +214,7 @@ class _Slice:
                 s.proc.wait()
         for s in slices:
             s.out.unlink(missing_ok=True)
+            _SLICE_PROCS.discard(s.proc)
 
 
 def run_stages(
@@ -250,18 +266,36 @@ def run_stages(
     running: list[_Slice] = []  # slices' runs, each in its own process: at most two at once
     started: list[_Slice] = []
 
+    # The keys of slices that ended while another still ran: planned again (retries, what could
+    # not start) only once none runs, so a slice that could start nothing is not made again and
+    # again beside a long sibling.
+    held: set[str] = set()
+
     def finish_one() -> bool:
         """Wait for a slice to end; False when nothing was stored since it began and no other
-        slice runs (nothing could start: stop, don't spin)."""
+        slice runs (nothing could start: stop, don't spin). A failed slice lets the others end
+        (their trials are sound) before ``StageFailed`` is raised."""
         ended = _Slice.first_to_end(running)
-        run_ids.append(ended.result())
+        try:
+            run_ids.append(ended.result())
+        except StageFailed:
+            while running:
+                with contextlib.suppress(StageFailed):
+                    run_ids.append(_Slice.first_to_end(running).result())
+            raise
+        if running:
+            held.update(k.key for k in grid_.keys(ended.span))
         return bool(running) or not ended.made_no_progress(progress())
 
     try:
         while True:
+            if not running:
+                held.clear()
             work = pending(exp, store, settings)
             for r in running:  # its keys are its own: the next slice is planned without them
                 work = _without(work, functools.partial(grid_.covers, r.span))
+            if held:
+                work = _without(work, lambda k: k.key in held)
             if not work:
                 if not running:
                     break
@@ -419,6 +453,7 @@ def with_signals(exp: ResolvedExperiment, work: Callable[[], T], own_runs: bool 
             thread.join(0.2)
         if (why := interrupted()) is not None:
             thread.join(INTERRUPT_GRACE_S)  # the cut-off trials are stored, the run ends
+            _Slice.kill_left()  # a slice process the worker thread has not stopped in time
             # A slice's process killed after its grace leaves its run in flight, so this looks
             # even when the worker thread ended.
             raise Interrupted(why, _fail_runs_in_flight(exp, why, own_runs))

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     from hangar_dagster.experiment.submit import load_resolved
     from hangar_dagster.orchestration.driver import Interrupted, execute_stage, with_signals
     from hangar_dagster.orchestration.instance import ensure_dagster_home
+    from hangar_dagster.queue.drain import interrupted
     from hangar_dagster.settings import Settings
 
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -47,6 +48,8 @@ def main(argv: list[str]) -> int:
     tags: dict[str, str] = json.loads(tags_json)
 
     def one() -> tuple[str, bool]:
+        if why := interrupted():  # stopped while starting: make no run at all
+            raise Interrupted(why)
         with dg.DagsterInstance.get() as instance:
             return execute_stage(exp, instance, "trials", tags)
 

@@ -118,6 +118,7 @@ class Grid:
     keys a run's rectangle covers, and whether two rectangles share a partition."""
 
     def __init__(self, task_reps: Sequence[str], variants: Sequence[str]) -> None:
+        self.task_reps, self.variants = list(task_reps), list(variants)
         self.row = {t: i for i, t in enumerate(task_reps)}
         self.col = {v: i for i, v in enumerate(variants)}
 
@@ -128,6 +129,15 @@ class Grid:
             self.col[span.variants[0]],
             self.col[span.variants[1]],
         )
+
+    def keys(self, span: RunRange) -> list[TrialKey]:
+        """Every partition of ``span``, as trial keys."""
+        top, bottom, left, right = self._bounds(span)
+        return [
+            TrialKey.from_partition(self.variants[c], self.task_reps[r])
+            for r in range(top, bottom + 1)
+            for c in range(left, right + 1)
+        ]
 
     def covers(self, span: RunRange, key: TrialKey) -> bool:
         top, bottom, left, right = self._bounds(span)

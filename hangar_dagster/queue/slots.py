@@ -43,7 +43,9 @@ class Slots:
         """A file descriptor holding a free slot's lock, or None when every slot is held."""
         self.root.mkdir(parents=True, exist_ok=True)
         for i in range(self.count):
-            fd = os.open(self.root / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                self.root / f"slot-{i}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -71,7 +73,7 @@ class Slots:
 
 
 class Turn:
-    """Which run of the experiment may start trials: one at a time, the earlier slice first.
+    """Which run of the experiment may start trials: one at a time.
 
     Two overlapping runs that both took slots as they free would share the slots from the
     start, run out of keys together, and leave the slots idle at the boundary all the same. So
@@ -89,7 +91,7 @@ class Turn:
     def take(self, stop: Callable[[], str | None]) -> str | None:
         """Wait for the turn (None), or return ``stop()``'s reason if it says to stop first."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

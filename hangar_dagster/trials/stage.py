@@ -157,11 +157,13 @@ def run_trials(
             return interrupted() or watcher.why
 
         def one(key: TrialKey) -> TrialRecord | str:
-            if next(handed) == len(order):
-                turn.give_up()  # every key of this run is in a slot's hands: the next run's go on
             # A slot of the experiment's ``parallel``, shared with an overlapping run of the
             # next or previous slice (queue/slots.py); within this run there is always one.
             with slots.hold(stop) as stopped:
+                if next(handed) == len(order):
+                    # Every key of this run holds its slot (given up only now, else the next
+                    # run's threads could take the slot this last key waits for).
+                    turn.give_up()
                 return stopped or one_in_slot(key)
 
         def one_in_slot(key: TrialKey) -> TrialRecord | str:

@@ -128,6 +128,11 @@ def test_the_next_slice_planned_beside_a_running_one_shares_no_partition_with_it
     assert after.task_reps[0] == REPS[50]
 
     narrow = RunRange((REPS[7], REPS[9]), ("v3", "v5"), 9, last=False)
+    inside = grid.keys(narrow)  # an ended slice's keys, held back while another slice runs
+    assert len(inside) == 9 and all(grid.covers(narrow, k) for k in inside)
+    assert {(k.task_rep, k.variant) for k in inside} == {
+        (r, v) for r in REPS[7:10] for v in ("v3", "v4", "v5")
+    }
     assert grid.covers(narrow, _key(REPS[8], "v4")) and not grid.covers(narrow, _key(REPS[8], "v6"))
     # Keys outside it in rows it spans, on both sides of its columns: their rectangle crosses it.
     ragged = run_range(REPS, VARIANTS, [_key(REPS[8], "v1"), _key(REPS[9], "v8")])
