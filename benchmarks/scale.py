@@ -30,7 +30,19 @@ crosses slice boundaries in minutes: ``--slice 40 --trials 130`` crosses three. 
 Dagster costs per partition (planned and materialization events, metadata) scale with the
 slice; its fixed costs (run start, definitions, the plan) weigh more per trial in a small one.
 
+``--driver daemon`` drives the same experiment through the daemon instead of ``resume``: the
+experiment is marked daemon-driven as ``hangar experiment run`` without ``--wait`` marks it, and
+``hangar ui`` (the embedded home's webserver and daemon: hangar's sensor launches nowhere else)
+runs until --trials grades are stored; its ``experiment_driver`` sensor requests each stage's
+run and the instance's run queue launches it (a run worker on this host). The UI is then
+stopped with SIGINT (it stops its daemon, code server and run workers), and no process of the
+benchmark's home may be left. Its start stands for the command's start in the figures, which
+are the same, plus per trials run the previous run's last work -> its first trial split by
+who waited (the run's tail, the sensor's tick, the queue and the worker's start, the run's
+plan) and the sensor's ticks (``driver_ticks``).
+
     HANGAR_CORPUS=... .venv/bin/python benchmarks/scale.py [--trials 600] [--parallel 3] [--slice N]
+        [--driver resume|daemon]
 """
 
 from __future__ import annotations
@@ -241,6 +253,86 @@ def dagster_runs(home: Path) -> list[dict[str, Any]]:
     return out
 
 
+def driver_ticks(home: Path) -> list[dict[str, Any]]:
+    """The ``experiment_driver`` sensor's ticks of the home's SQLite instance, oldest first:
+    start and end (epoch s) and the runs each requested."""
+    import json
+    import sqlite3
+
+    db = home / "dagster" / "schedules" / "schedules.db"
+    if not db.exists():
+        return []
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        bodies = [b for (b,) in conn.execute("SELECT tick_body FROM job_ticks ORDER BY id")]
+    out = []
+    for body in bodies:
+        tick = json.loads(body)
+        if tick.get("job_name") != "experiment_driver":
+            continue
+        out.append(
+            {
+                "start": float(tick["timestamp"]),
+                "end": tick.get("end_timestamp"),
+                "runs": list(tick.get("run_ids") or []),
+            }
+        )
+    return out
+
+
+def leftovers(home: Path, group: int) -> list[int]:
+    """Live processes of the benchmark's home: in the UI's process group, or with its
+    HANGAR_HOME in their environment (a sandbox leaves the group)."""
+    from hangar_dagster.util.procs import all_procs
+
+    mark = f"HANGAR_HOME={home}".encode()
+    out = []
+    for p in all_procs():
+        if p.state in ("Z", "X") or p.pid == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            environ = []
+        if p.pgid == group or mark in environ:
+            out.append(p.pid)
+    return out
+
+
+def daemon_boundaries(rows: list[dict[str, Any]], ticks: list[dict[str, Any]]) -> None:
+    """Per trials run after the first: the previous run's last work -> this run's first trial,
+    split by who waited, and the sensor's ticks (the daemon mode's own figures)."""
+    print(
+        "per trials run after the first (s): the previous run's last work -> its first trial ="
+        " the previous run's tail + its end -> this run's creation (the sensor's tick) +"
+        " creation -> start (the run queue, the worker's start) + start -> first trial (its plan)"
+    )
+    gaps = []
+    for before, row in zip(rows, rows[1:], strict=False):
+        if before["gap"] is None:
+            continue
+        gaps.append(before["between"])
+        print(
+            f"  {row['run_id'][:8]} {row['trials']:4d} trials: {before['between']:6.1f} ="
+            f" {before['tail']:.1f} + {before['gap']:.1f} + {row['to_run_start']:.1f} +"
+            f" {row['to_first_trial'] - row['to_run_start']:.1f}"
+        )
+    if gaps:
+        print(
+            f"  mean {statistics.mean(gaps):.1f} s over {len(gaps)} boundaries (the slots idle,"
+            " every one)"
+        )
+    spans = [t["end"] - t["start"] for t in ticks if t["end"] is not None]
+    asked = [t["end"] - t["start"] for t in ticks if t["end"] is not None and t["runs"]]
+    every = [b["start"] - a["start"] for a, b in zip(ticks, ticks[1:], strict=False)]
+    if asked and every:
+        print(
+            f"experiment_driver ticks: {len(ticks)}; evaluation median {statistics.median(spans):.2f}"
+            f" s, of the {len(asked)} that requested a run median {statistics.median(asked):.2f} s,"
+            f" max {max(asked):.2f} s; tick to tick median {statistics.median(every):.1f} s, max"
+            f" {max(every):.1f} s"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=600, help="stop after this many grades")
@@ -248,6 +340,12 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the HANGAR_HOME")
     ap.add_argument(
         "--slice", type=int, help="partitions per trials run (HANGAR_RUN_PARTITIONS; default 500)"
+    )
+    ap.add_argument(
+        "--driver",
+        choices=("resume", "daemon"),
+        default="resume",
+        help="`hangar experiment resume`, or the daemon of `hangar ui` (its driver sensor)",
     )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="hangar-scale-"))
@@ -274,14 +372,27 @@ def main() -> None:
     assert not check.invalid, check.reason
     store.put_many([check.model_copy(update={"task": task}) for task in rest] + [check])
     hangar = Path(sys.executable).with_name("hangar")
+    command = [str(hangar), "experiment", "resume", exp.experiment_id]
+    log = tmp / "ui.log"
+    if args.driver == "daemon":
+        from hangar_dagster.environment.mirror import _free_port
+        from hangar_dagster.experiment.catalog import DAEMON_MARKER
+
+        # As `hangar experiment run` without --wait marks it: the driver sensor's to run.
+        (settings.paths.experiment_dir(exp.experiment_id) / DAEMON_MARKER).touch()
+        command = [str(hangar), "ui", "--port", str(_free_port())]
+    ui_log = log.open("w") if args.driver == "daemon" else None
+    ui_stop = ""
     cpu0 = cpu_children()
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [str(hangar), "experiment", "resume", exp.experiment_id],
+        command,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        # dagster dev logs every tick and event: to a file, or a full pipe would stall it.
+        stderr=ui_log if ui_log is not None else subprocess.PIPE,
         text=True,
+        start_new_session=args.driver == "daemon",  # its group, as an operator's shell starts it
     )
     while grades_stored(store, exp.experiment_id) < args.trials and proc.poll() is None:
         time.sleep(1.0)
@@ -292,6 +403,17 @@ def main() -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         _, stderr = proc.communicate()
+    if ui_log is not None:
+        ui_log.close()
+        stderr = log.read_text()
+        left = leftovers(home, proc.pid)
+        for pid in left:  # the benchmark's own: its home's processes
+            os.kill(pid, signal.SIGKILL)
+        ui_stop = (
+            f"`hangar ui` stopped (exit {proc.returncode}) {time.perf_counter() - stopped:.1f} s"
+            " after its SIGINT; "
+            + (f"it left {len(left)} process(es), killed: {left}" if left else "no process left")
+        )
     if grades_stored(store, exp.experiment_id) < args.trials:
         print(stderr[-3000:])
         raise SystemExit("the run ended before --trials grades were stored")
@@ -363,7 +485,8 @@ def main() -> None:
     def f(v: float | None, spec: str = "6.1f") -> str:
         return "   -  " if v is None else format(v, spec)
 
-    for row in slices(trials, by_key, stage_runs, args.parallel):
+    rows = slices(trials, by_key, stage_runs, args.parallel)
+    for row in rows:
         print(
             f"  {row['run_id'][:8]} {row['trials']:4d} trials: {f(row['to_run_start'])}"
             f" {f(row['to_first_trial'])}; tail {f(row['tail'])} ({tail_parts(row)});"
@@ -376,6 +499,9 @@ def main() -> None:
                 else "(last slice: not followed)"
             )
         )
+    if args.driver == "daemon":
+        daemon_boundaries(rows, driver_ticks(home))
+        print(ui_stop)
     print(f"CPU seconds of the command and its children: {cpu_children() - cpu0:.1f}")
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     if args.keep:
