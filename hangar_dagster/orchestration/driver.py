@@ -49,7 +49,6 @@ from hangar_dagster.queue.drain import interrupt, interrupt_wait, interrupted
 from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
 from hangar_dagster.queue.partitions import RunRange
 from hangar_dagster.queue.starts import (
-    Pending,
     base_checks_stored,
     blocker,
     fit_blocker,
@@ -123,16 +122,6 @@ def execute_stage(
 
 # The waiting reasons `run --wait` sleeps through: the window will open, or close and open.
 WINDOW_REASONS = ("eval_window", "window_fit")
-
-
-def _without(work: Pending, skip: Callable[[TrialKey], bool]) -> Pending:
-    """``work`` less the keys ``skip`` names (those of a slice already running)."""
-    return Pending(
-        new=[k for k in work.new if not skip(k)],
-        retries={k: r for k, r in work.retries.items() if not skip(TrialKey.parse(k))},
-        notes=work.notes,
-        grades=[k for k in work.grades if not skip(k)],
-    )
 
 
 # Every slice process this one started and has not seen end (``_Slice.kill_left``).
@@ -293,9 +282,9 @@ def run_stages(
                 held.clear()
             work = pending(exp, store, settings)
             for r in running:  # its keys are its own: the next slice is planned without them
-                work = _without(work, functools.partial(grid_.covers, r.span))
+                work = work.without(functools.partial(grid_.covers, r.span))
             if held:
-                work = _without(work, lambda k: k.key in held)
+                work = work.without(lambda k: k.key in held)
             if not work:
                 if not running:
                     break

@@ -4,7 +4,9 @@ It launches the setup stages once, then a trials run whenever the eval queue
 has work for the experiment and nothing blocks it (new keys, and infra-error
 retries within the retry rules: this is the infra-retry sensor), or a finished
 trial waits for its grade (then whatever blocks starts), and the index after
-each trials run. At most one run of an experiment is in flight at a time.
+each trials run. One run of an experiment is in flight at a time, but for the
+next slice's trials run, made beside the one before once that one is about
+to hand out its last key (``overlap_request``).
 
 When the window opens, the trials of an experiment that was already waiting
 belong to the window's opening schedule (schedules.py) for ``OPEN_GRACE``; the
@@ -15,6 +17,7 @@ daemon was down at the opening), and says so in its skip reason meanwhile.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +29,16 @@ from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.orchestration.resources import HangarResource
 from hangar_dagster.orchestration.stages import (
     TAG_EXPERIMENT,
+    TAG_INDEX,
     TAG_STAGE,
+    TAG_TRIALS_OF,
+    grid,
     job_name,
     run_selection,
+    run_span,
     setup_stages,
     stage_tags,
+    trials_span,
     writes_index,
 )
 from hangar_dagster.queue.drain import request_drain
@@ -42,6 +50,7 @@ from hangar_dagster.queue.liveness import (
     worker_gone,
 )
 from hangar_dagster.queue.partitions import RUN_PARTITIONS
+from hangar_dagster.queue.slots import experiment_slots
 from hangar_dagster.queue.stage_runs import (
     STAGE_RUN_RETRIES,
     EndedRun,
@@ -214,8 +223,9 @@ def _request(
     n: int,
     due: list[TrialKey] | None = None,
     limit: int = RUN_PARTITIONS,
+    beside: dict[str, str] | None = None,
 ) -> dg.RunRequest:
-    tags = stage_tags(exp, stage, due, limit)
+    tags = stage_tags(exp, stage, due, limit) | (beside or {})
     return dg.RunRequest(
         run_key=f"{exp.experiment_id}:{stage}:{n}",
         job_name=job_name(exp, stage),
@@ -223,6 +233,103 @@ def _request(
         tags=tags | {TAG_EXPERIMENT: exp.experiment_id},
         asset_selection=run_selection(exp, stage, tags),
     )
+
+
+def overlap_request(
+    instance: dg.DagsterInstance,
+    exp: ResolvedExperiment,
+    store: Store,
+    settings: Settings,
+    runs: StageRuns,
+    now: dt.datetime,
+) -> dg.RunRequest | None:
+    """The next slice's trials run, made beside the one in flight once that one says it is due
+    (within about two minutes of handing out its last key: ``slots.next_run_due``), or None (wait
+    for it to end, as for any run in flight). The new run waits for the turn (``slots.Turn``).
+
+    A trials run's tail (its last trials and grades, then the metadata and materialization
+    events of its 500 partitions) and the next run's launch and planned events would otherwise
+    leave the slots idle at every slice boundary; ``run --wait`` overlaps its slices the same
+    way (driver.py). The two runs share the experiment's ``parallel`` through lock files in its
+    folder (queue/slots.py), which hold only where the runs share one kernel: so only under the
+    default launcher (run workers are processes on the daemon's machine). Two runs at most;
+    the keys of a run that ended beside the one in flight are left to a run made once nothing
+    runs; a sibling that was canceled or failed stops the overlap (``sibling_failure``); the
+    overlapping run never writes the index (the index follows once both have ended).
+    """
+    if type(instance.run_launcher) is not dg.DefaultRunLauncher:
+        return None
+    flying = [r for rs in runs.values() for r in rs if r.dagster_run.status in IN_FLIGHT]
+    trials_runs = runs.get("trials", [])
+    if len(flying) != 1 or not trials_runs or flying[0] is not trials_runs[0]:
+        return None
+    going = flying[0].dagster_run
+    # Only beside a run that is running (not one being canceled) and that the daemon launched
+    # (a CLI's slice is planned by its own driver, which does not look at the daemon's runs).
+    if going.status != dg.DagsterRunStatus.STARTED or TAG_CREATOR in going.tags:
+        return None
+    slots = experiment_slots(settings.paths.experiment_dir(exp.experiment_id), exp.spec.parallel)
+    span = run_span(exp, going.tags)
+    if span is None or not slots.next_due(going.run_id).exists():
+        return None
+    grid_ = grid(exp)
+    work = pending(exp, store, settings).without(functools.partial(grid_.covers, span))
+    if len(trials_runs) > 1:
+        sibling = trials_runs[1]  # the run the one in flight was made beside, or after
+        if sibling.dagster_run.status != dg.DagsterRunStatus.SUCCESS:
+            return None  # a cancel or a failure waits for the one in flight to end (decide)
+        if sibling.end_time is not None and sibling.end_time >= made_at(flying[0]):
+            # It ended beside the one in flight: what it left (retries, what could not start)
+            # is planned once nothing runs, not in run after run beside it (driver.py's held).
+            left = run_span(exp, sibling.dagster_run.tags)
+            if left is None:
+                return None
+            work = work.without(functools.partial(grid_.covers, left))
+    due = work.keys + work.grades
+    if (
+        not work.keys
+        or blocker(exp, store, settings, now)
+        or fit_blocker(exp, work.keys, store, settings, now)
+    ):
+        return None
+    # The rectangle around what is left may still cut through the running run's (keys above
+    # and below it): its unstarted keys would then run twice. Such a slice waits, as in driver.py.
+    if grid_.overlap(span, trials_span(exp, due, settings.run_partitions) or span):
+        return None
+    # The run queue holds one trials run per value of this tag (dagster.yaml): the two
+    # overlapping runs carry two values, one after the other.
+    ours = going.tags.get(TAG_TRIALS_OF, exp.experiment_id)
+    beside = exp.experiment_id if ours != exp.experiment_id else f"{exp.experiment_id}/beside"
+    return _request(
+        exp,
+        "trials",
+        len(trials_runs) + 1,
+        due,
+        settings.run_partitions,
+        {TAG_INDEX: "false", TAG_TRIALS_OF: beside},
+    )
+
+
+def made_at(record: dg.RunRecord) -> float:
+    return record.create_timestamp.timestamp()
+
+
+def sibling_failure(
+    instance: dg.DagsterInstance, paths: HangarPaths, trials_runs: list[dg.RunRecord]
+) -> str | None:
+    """Why the experiment waits when the newest trials run succeeded but the one beside it did
+    not end well by itself (canceled by a person, failed by its own code): as if it had been the
+    last (``after_failure``). A run that ended before the newest was made was judged then."""
+    if len(trials_runs) < 2:
+        return None
+    newest, before = trials_runs[0], trials_runs[1]
+    status = before.dagster_run.status
+    if status in IN_FLIGHT or status == dg.DagsterRunStatus.SUCCESS or before.end_time is None:
+        return None
+    if before.end_time < made_at(newest):
+        return None
+    ended = ended_run(instance, paths, before)
+    return None if ended.worker_died else after_failure("trials", [ended])
 
 
 def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -> Decisions:
@@ -240,6 +347,9 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             runs = stage_runs(instance, exp)
         busy = in_flight(runs)
         if busy is not None:
+            if (beside := overlap_request(instance, exp, store, settings, runs, now)) is not None:
+                out.requests.append(beside)
+                continue
             out.waiting.append(f"{exp.experiment_id}: {busy_reason(busy)}")
             continue
         gap = setup_gap(exp, runs)
@@ -268,7 +378,7 @@ def decide(instance: dg.DagsterInstance, settings: Settings, now: dt.datetime) -
             held = (
                 after_failure("trials", endings)
                 if endings and endings[0].status != "SUCCESS"
-                else None
+                else sibling_failure(instance, paths, trials_runs)
             )
             if held is not None:
                 out.waiting.append(f"{exp.experiment_id}: {held}")
@@ -336,8 +446,9 @@ def foreign_daemon(instance: dg.DagsterInstance, settings: Settings) -> str | No
 def build_experiment_driver(jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:
     # Every 5 s, the daemon's sensor loop's own period (it evaluates no sensor more often): an
     # experiment's next stage waits for this tick after each run (docs/operations.md, "The
-    # daemon's intervals").
-    @dg.sensor(jobs=jobs, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
+    # daemon's intervals"). 4, not 5: a loop that comes back a few milliseconds under 5 s after
+    # the last tick skipped a sensor asking for 5, so ticks were 5 or 10 s apart.
+    @dg.sensor(jobs=jobs, minimum_interval_seconds=4, default_status=dg.DefaultSensorStatus.RUNNING)
     def experiment_driver(
         context: dg.SensorEvaluationContext, hangar: HangarResource
     ) -> Iterator[dg.RunRequest | dg.SkipReason]:

@@ -140,6 +140,25 @@ def trials_span(
     return run_range(*_rows_and_columns(exp), due, limit)
 
 
+def run_span(exp: ResolvedExperiment, tags: Mapping[str, str]) -> RunRange | None:
+    """The rectangle a trials run covers, read back from its tags (``span_tags``); None when
+    they name no range (a run of the whole job, e.g. launched from the UI)."""
+    start, end = tags.get(RANGE_START), tags.get(RANGE_END)
+    if start is None or end is None:
+        return None
+    *_, trials_def = partitions(exp)
+    first, last = (trials_def.get_partition_key_from_str(k).keys_by_dimension for k in (start, end))
+    rows, columns = _rows_and_columns(exp)
+    height = rows.index(last["task_rep"]) - rows.index(first["task_rep"]) + 1
+    width = columns.index(last["variant"]) - columns.index(first["variant"]) + 1
+    return RunRange(
+        (first["task_rep"], last["task_rep"]),
+        (first["variant"], last["variant"]),
+        height * width,
+        tags.get(TAG_INDEX) != "false",
+    )
+
+
 def span_tags(span: RunRange) -> dict[str, str]:
     """A trials run's tags over ``span``: its range, whether it writes the index, the eval queue."""
     start = dg.MultiPartitionKey({"task_rep": span.task_reps[0], "variant": span.variants[0]})

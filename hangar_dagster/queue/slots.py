@@ -54,6 +54,12 @@ class Slots:
             return fd
         return None
 
+    def next_due(self, run_id: str) -> Path:
+        """The mark run ``run_id`` leaves once the next slice's run should be made
+        (``next_run_due``; removed when it ends): the daemon's driver then asks for that run
+        beside it (orchestration/sensors.py, ``overlap_request``)."""
+        return self.root / f"next-due-{run_id}"
+
     def turn(self) -> Turn:
         return Turn(self.root / "turn.lock", self.poll_s)
 
@@ -111,6 +117,30 @@ class Turn:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+# How long before a run hands out its last key the next slice's run should be asked for: the
+# daemon's path from a request to a run waiting for the turn (a sensor tick, its evaluation, the
+# run queue's dequeue, a run worker's start and definitions, the run's 1,000 planned events)
+# took about 30 s at the product's slice of 500 alone, and 60-70 s beside the earlier run's
+# trials at load 5-6 (docs/performance.md, "The daemon's path"): twice that. Early costs a run
+# worker waiting for the turn, not slot time.
+NEXT_RUN_LEAD_S = 120.0
+
+
+def next_run_due(
+    handed: int, total: int, parallel: int, elapsed_s: float, lead_s: float = NEXT_RUN_LEAD_S
+) -> bool:
+    """Whether a run that has handed ``handed`` of its ``total`` keys to a slot, ``elapsed_s``
+    after it began, should have the next slice's run made now: when its last key is handed, or
+    when the keys left would be handed out within ``lead_s`` at the pace slots have freed since
+    the first ``parallel`` (those go at once and say nothing of the pace). The run made early
+    waits for the turn (``Turn``), so early costs a waiting run worker, not slot time."""
+    if handed >= total:
+        return True
+    if handed <= parallel:
+        return False
+    return (total - handed) * elapsed_s / (handed - parallel) <= lead_s
 
 
 def experiment_slots(experiment_dir: Path, parallel: int) -> Slots:

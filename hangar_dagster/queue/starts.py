@@ -72,6 +72,15 @@ class Pending:
     def __bool__(self) -> bool:
         return bool(self.new or self.retries or self.grades)
 
+    def without(self, skip: Callable[[TrialKey], bool]) -> Pending:
+        """This work less the keys ``skip`` names (those of a slice's run already going)."""
+        return Pending(
+            new=[k for k in self.new if not skip(k)],
+            retries={k: r for k, r in self.retries.items() if not skip(TrialKey.parse(k))},
+            notes=self.notes,
+            grades=[k for k in self.grades if not skip(k)],
+        )
+
 
 def waiting_grades_note(n: int) -> str:
     """What the index, ``get`` and ``run --wait`` say while grades are missing."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from hangar_dagster.grading.stage import grade_and_store
 from hangar_dagster.queue.drain import DrainWatcher, drain_marker, interrupted
 from hangar_dagster.queue.partitions import NOT_PENDING, longest_first, plan_partitions
 from hangar_dagster.queue.restarts import StartedMarker, close_interrupted
-from hangar_dagster.queue.slots import experiment_slots
+from hangar_dagster.queue.slots import experiment_slots, next_run_due
 from hangar_dagster.queue.starts import (
     TokenThrottle,
     blocker,
@@ -149,6 +150,7 @@ def run_trials(
 
     slots = experiment_slots(paths.experiment_dir(exp.experiment_id), exp.spec.parallel)
     turn = slots.turn()
+    next_due = slots.next_due(run_id)
     order = longest_first(plan.run, expected)
     handed = itertools.count(1)  # keys handed to a slot so far (its __next__ is atomic)
     with DrainWatcher(drain_reason) as watcher:
@@ -160,11 +162,18 @@ def run_trials(
             # A slot of the experiment's ``parallel``, shared with an overlapping run of the
             # next or previous slice (queue/slots.py); within this run there is always one.
             with slots.hold(stop) as stopped:
-                if next(handed) == len(order):
+                if stopped:  # a drain or an interrupt: no hand-out to count, no next run due
+                    return stopped
+                n = next(handed)
+                if n == len(order):
                     # Every key of this run holds its slot (given up only now, else the next
                     # run's threads could take the slot this last key waits for).
                     turn.give_up()
-                return stopped or one_in_slot(key)
+                if not next_due.exists() and next_run_due(
+                    n, len(order), exp.spec.parallel, time.monotonic() - began
+                ):
+                    next_due.touch()  # the daemon's driver may make the next slice's run now
+                return one_in_slot(key)
 
         def one_in_slot(key: TrialKey) -> TrialRecord | str:
             throttle.wait(cancelled=watcher.cancel.is_set)
@@ -204,6 +213,7 @@ def run_trials(
 
         # An overlapping run of the slice before starts its keys first (queue/slots.py, Turn).
         waited = turn.take(stop) if order else None
+        began = time.monotonic()  # the pace of hand-outs counts from the turn (next_run_due)
         # The slots' puts leave their DuckDB rows to the store's committer thread: a slot goes
         # on to its grade and its next trial once the record is safe (Store.rows_behind), and
         # its grades' work dirs to a remover thread (grader.work_removed_behind).
@@ -222,6 +232,7 @@ def run_trials(
                         log.info(said)
         finally:
             turn.give_up()
+            next_due.unlink(missing_ok=True)
         if waited is not None:
             log.info(f"{len(order)} trial(s) not started: {waited}")
             out |= {k: TrialPartition(k, not_started=waited) for k in order}

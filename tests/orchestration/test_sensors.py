@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -13,10 +14,19 @@ import dagster as dg
 import pytest
 
 from hangar_dagster.experiment.catalog import DAEMON_MARKER
-from hangar_dagster.experiment.plan import ResolvedExperiment
+from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.experiment.submit import RESOLVED, submit
 from hangar_dagster.orchestration.sensors import decide
-from hangar_dagster.orchestration.stages import TAG_INDEX, job_tags
+from hangar_dagster.orchestration.stages import (
+    TAG_INDEX,
+    TAG_TRIALS_OF,
+    grid,
+    job_tags,
+    run_span,
+    stage_tags,
+)
+from hangar_dagster.queue.liveness import TAG_CREATOR, creator_tag
+from hangar_dagster.queue.slots import experiment_slots
 from hangar_dagster.queue.stage_runs import STAGE_RUN_RETRIES
 from hangar_dagster.queue.starts import OPEN_GRACE
 from hangar_dagster.queue.window import parse_window
@@ -30,6 +40,7 @@ pytestmark = pytest.mark.integration
 
 NY = ZoneInfo("America/New_York")
 NIGHTLY = parse_window("20:00-00:15")
+RUNNING = dg.DagsterRunStatus.STARTED
 
 
 def stage_run(
@@ -492,3 +503,183 @@ def test_a_daemon_driven_regrade_takes_three_runs_its_trials_run_writing_the_ind
         # one that succeeded wrote the index: nothing is left to run
         stage_run(instance, new, "trials")
         assert asked() == []
+
+
+def mark_due(exp: ResolvedExperiment) -> Callable[[str], None]:
+    """Leave the mark a trials run leaves once the next slice's run is due (slots.next_due)."""
+    slots = experiment_slots(paths().experiment_dir(exp.experiment_id), exp.spec.parallel)
+
+    def mark(run_id: str) -> None:
+        slots.root.mkdir(parents=True, exist_ok=True)
+        slots.next_due(run_id).touch()
+
+    return mark
+
+
+def test_the_next_slice_is_made_beside_a_trials_run_once_that_run_says_it_is_due(
+    queued: ResolvedExperiment,
+) -> None:
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    sliced = f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8")  # 18 keys: three slices
+    due = mark_due(queued)
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        [first] = decide(instance, sliced, at).requests
+        going = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED, first.tags)
+        # Still starting its own keys: the experiment waits for it.
+        held = decide(instance, sliced, at)
+        assert held.requests == [] and "in_flight: its trials run" in held.waiting[0]
+
+        due(going)  # about to hand out its last key (trials/stage.py, slots.next_run_due)
+        [beside] = decide(instance, sliced, at).requests
+        assert beside.run_key == f"{eid}:trials:2"
+        # Another value of the queue's one-per-experiment tag, and no index (it follows both).
+        assert beside.tags[TAG_TRIALS_OF] == f"{eid}/beside" and beside.tags[TAG_INDEX] == "false"
+        assert beside.asset_selection is not None
+        assert dg.AssetKey([eid, "index"]) not in beside.asset_selection
+        spans = [run_span(queued, r.tags) for r in (first, beside)]
+        assert None not in spans
+        assert not grid(queued).overlap(*spans)  # type: ignore[arg-type]
+
+        # Two in flight: the third slice waits, though the second says it is due too.
+        second = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED, beside.tags)
+        due(second)
+        assert decide(instance, sliced, at).requests == []
+
+        # The second ended beside the first: nothing more is made until the first ends (what
+        # the second left is planned again then, not a new run each tick).
+        run = instance.get_run_by_id(second)
+        assert run is not None
+        instance.report_run_failed(run, "ended")
+        assert decide(instance, sliced, at).requests == []
+
+
+def test_no_slice_is_made_beside_a_run_the_window_would_stop_or_under_another_launcher(
+    queued: ResolvedExperiment,
+) -> None:
+    sliced = f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8")
+    due = mark_due(queued)
+    inside = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        [first] = decide(instance, sliced, inside).requests
+        going = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED, first.tags)
+        due(going)
+        closed = dt.datetime(2027, 7, 2, 0, 20, tzinfo=NY)
+        assert decide(instance, sliced, closed).requests == []
+        assert len(decide(instance, sliced, inside).requests) == 1
+    # A launcher whose run workers may be on other machines, where the slots' lock files do not
+    # hold: one trials run at a time, as the run queue's tag says.
+    with dg.instance_for_test(
+        overrides={
+            "run_launcher": {
+                "module": "hangar_dagster.orchestration.launcher",
+                "class": "HangarDockerRunLauncher",
+                "config": {"image": "hangar-test"},
+            }
+        }
+    ) as instance:
+        setup_done(instance, queued)
+        going = stage_run(instance, queued, "trials", dg.DagsterRunStatus.STARTED, first.tags)
+        due(going)
+        assert decide(instance, sliced, inside).requests == []
+
+
+def store_done_but(exp: ResolvedExperiment, left: list[TrialKey]) -> None:
+    store = Store(paths())
+    for key in exp.trial_keys():
+        if key in left:
+            continue
+        v, t, r = key.key.split("/")
+        store.put(f.trial(v, t, int(r), experiment_id=exp.experiment_id))
+        store.put(f.grade(v, t, int(r), experiment_id=exp.experiment_id))
+
+
+def going_with_due_keys_around_it(
+    instance: dg.DagsterInstance,
+    exp: ResolvedExperiment,
+    status: dg.DagsterRunStatus,
+    **extra: str,
+) -> dict[str, str]:
+    """A trials run over rows 2-3 x two variants, marked due, with due keys above and below it."""
+    g = grid(exp)
+
+    def key(row: int, col: int) -> TrialKey:
+        return TrialKey.from_partition(g.variants[col], g.task_reps[row])
+
+    running = [key(2, 0), key(2, 1), key(3, 0), key(3, 1)]
+    store_done_but(exp, running + [key(0, 0), key(5, 0)])
+    tags = stage_tags(exp, "trials", running, 8) | extra
+    mark_due(exp)(stage_run(instance, exp, "trials", status, tags))
+    return tags
+
+
+def test_the_run_beside_never_cuts_through_the_running_runs_rectangle(
+    queued: ResolvedExperiment,
+) -> None:
+    """The rectangle around keys above and below the running run's would cover its keys not yet
+    started: the beside run would run them again (duplicate attempts)."""
+    sliced = f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8")
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        going = run_span(queued, going_with_due_keys_around_it(instance, queued, RUNNING))
+        assert going is not None
+        for request in decide(instance, sliced, at).requests:
+            span = run_span(queued, request.tags)
+            assert span is not None and not grid(queued).overlap(going, span), (going, span)
+
+
+@pytest.mark.parametrize(
+    ("status", "extra"),
+    [
+        (dg.DagsterRunStatus.CANCELING, {}),  # a person is stopping it
+        (RUNNING, {TAG_CREATOR: creator_tag()}),  # a CLI's slice: its driver plans the next
+    ],
+    ids=["canceling", "cli_slice"],
+)
+def test_no_run_beside_a_run_being_canceled_or_one_the_cli_runs(
+    queued: ResolvedExperiment, status: dg.DagsterRunStatus, extra: dict[str, str]
+) -> None:
+    sliced = f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8")
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        going_with_due_keys_around_it(instance, queued, status, **extra)
+        assert decide(instance, sliced, at).requests == []
+
+
+def test_a_canceled_run_holds_the_experiment_though_the_run_beside_it_succeeded(
+    queued: ResolvedExperiment,
+) -> None:
+    """A person canceled the first run: the run made beside it goes on, no third is made beside
+    that one, and once it has ended the experiment waits for the person as after any cancel."""
+    sliced = f.settings(NIGHTLY, HANGAR_RUN_PARTITIONS="8")
+    at = dt.datetime(2027, 7, 1, 21, 0, tzinfo=NY)
+    eid = queued.experiment_id
+    with dg.instance_for_test() as instance:
+        setup_done(instance, queued)
+        [first] = decide(instance, sliced, at).requests
+        a = stage_run(instance, queued, "trials", RUNNING, first.tags)
+        mark_due(queued)(a)
+        [beside] = decide(instance, sliced, at).requests
+        b = stage_run(instance, queued, "trials", RUNNING, beside.tags)
+        run = instance.get_run_by_id(a)
+        assert run is not None
+        instance.report_run_canceled(run, "a person stopped it")
+        mark_due(queued)(b)
+        assert decide(instance, sliced, at).requests == []
+
+        run = instance.get_run_by_id(b)
+        assert run is not None
+        instance.handle_run_event(
+            b,
+            dg.DagsterEvent(
+                event_type_value=dg.DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name
+            ),
+        )
+        after = decide(instance, sliced, at)
+        # No trials run (the index may be refreshed, as after any canceled trials run).
+        assert [r.run_key for r in after.requests if ":trials:" in (r.run_key or "")] == []
+        assert any(f"{eid}: trials: its run {a} was canceled" in w for w in after.waiting)

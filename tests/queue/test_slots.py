@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hangar_dagster.queue.slots import Slots, experiment_slots
+from hangar_dagster.queue.slots import Slots, experiment_slots, next_run_due
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +110,20 @@ def test_a_killed_runs_turn_passes_to_the_next(tmp_path: Path) -> None:
     deadline = time.monotonic() + 5
     assert turn.take(lambda: "still held" if time.monotonic() > deadline else None) is None
     turn.give_up()
+
+
+@pytest.mark.parametrize(
+    ("handed", "total", "elapsed_s", "due"),
+    [
+        (3, 500, 0.1, False),  # the first wave goes at once: it says nothing of the pace
+        (4, 500, 1.5, False),  # 496 keys left at one per 1.5 s: 744 s to go
+        (460, 500, 685.5, True),  # 457 freed in 685.5 s: 40 left at 1.5 s, 60 s to go, the lead
+        (459, 500, 684.0, False),  # 41 left at 1.5 s: 61.5 s
+        (500, 500, 750.0, True),  # the last key holds its slot
+        (2, 2, 0.0, True),  # a run smaller than its slots: every key at once
+    ],
+)
+def test_the_next_run_is_due_a_lead_before_the_last_key_at_the_pace_slots_free(
+    handed: int, total: int, elapsed_s: float, due: bool
+) -> None:
+    assert next_run_due(handed, total, 3, elapsed_s, lead_s=60.0) is due

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +13,14 @@ import yaml
 
 from hangar_dagster.experiment.plan import ResolvedExperiment, TrialKey
 from hangar_dagster.experiment.submit import submit
+from hangar_dagster.queue.drain import request_drain
 from hangar_dagster.queue.partitions import NOT_IN_VARIANT
 from hangar_dagster.queue.restarts import StartedMarker
+from hangar_dagster.queue.slots import experiment_slots, next_run_due
 from hangar_dagster.queue.window import EvalWindow, parse_window
 from hangar_dagster.results.store import Store
 from hangar_dagster.settings import Settings, paths
+from hangar_dagster.trials import stage as trials_stage
 from hangar_dagster.trials.stage import TrialPartition, run_trials
 from tests import factories as f
 from tests.conftest import write_spec
@@ -44,10 +49,12 @@ def never_in_flight(marker: StartedMarker) -> bool:
     return False
 
 
-def median_only(example_dir: Path, name: str) -> ResolvedExperiment:
-    """The example on its median task, one trial per variant (two trial keys)."""
+def median_only(example_dir: Path, name: str, **more: Any) -> ResolvedExperiment:
+    """The example on its median task, one trial per variant (two trial keys); ``more`` over
+    the spec's fields."""
     spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
     spec.update(name=name, trials=1, tasks=[t for t in spec["tasks"] if t["id"] == "median"])
+    spec.update(more)
     return submit(write_spec(example_dir, spec), Settings.from_env())
 
 
@@ -155,19 +162,67 @@ def test_a_key_whose_task_the_variant_does_not_run_is_skipped(
     assert Store(paths()).trials(exp.experiment_id, all_attempts=True) == []
 
 
+def test_a_run_marks_the_next_slice_due_no_later_than_its_last_key_and_clears_it_at_its_end(
+    example_dir: Path, hangar_home: Path
+) -> None:
+    """The daemon's driver makes the next slice's run beside this one once it is due
+    (sensors.overlap_request): with two keys at parallel 1 the pace is unknown until the last
+    key, so the mark comes with the last key's slot; it is gone at the run's end."""
+    exp = median_only(example_dir, "stage-handed-mark", parallel=1)
+    mark = experiment_slots(paths().experiment_dir(exp.experiment_id), 1).next_due("run-m")
+    seen: list[float] = []  # when the watcher saw the mark
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if mark.exists():
+                seen.append(time.time())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        got = stage(exp, "run-m", [PLAIN, SKILL], Said())
+    finally:
+        done.set()
+        watcher.join()
+    records = sorted((p.record for p in got.values() if p.record), key=lambda r: r.started_at)
+    assert len(records) == 2
+    assert seen, "the run never marked the next slice due"
+    # parallel 1: the last key gets the slot only once the first trial (and its grade) let it go.
+    assert min(seen) >= records[0].finished_at.timestamp()
+    assert not mark.exists()
+
+
+def test_a_run_drained_while_another_holds_the_slots_never_marks_the_next_slice_due(
+    example_dir: Path, hangar_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys that stop waiting for a slot (a drain) are not hand-outs: counting them marked the
+    next slice due at once, and the daemon's driver made a run beside one that was stopping."""
+    exp = median_only(example_dir, "stage-drained-mark", parallel=1)
+    slots = experiment_slots(paths().experiment_dir(exp.experiment_id), 1)
+    request_drain(paths(), "run-d")  # asked to drain before it could start anything
+    asked: list[tuple[int, int]] = []  # (handed, total) each time the stage asked
+
+    def counted(handed: int, total: int, *args: Any) -> bool:
+        asked.append((handed, total))
+        return next_run_due(handed, total, *args)
+
+    # The mark is removed at the run's end, so what shows a stopping key counted as handed out
+    # is the stage asking whether the next run is due.
+    monkeypatch.setattr(trials_stage, "next_run_due", counted)
+    with slots.hold(lambda: None):  # another run of the experiment holds the one slot
+        got = stage(exp, "run-d", [PLAIN, SKILL], Said())
+    assert all(p.record is None and p.not_started for p in got.values())
+    assert asked == []
+
+
 def test_two_runs_of_one_experiment_share_its_parallel_slots(
     example_dir: Path, hangar_home: Path
 ) -> None:
     """A slice's run overlapping the next one's (driver: "Between slices") keeps ``parallel``:
     with ``parallel: 1`` their trials never run at once, each run on its own keys."""
-    spec: dict[str, Any] = yaml.safe_load((example_dir / "experiment.yaml").read_text())
-    spec.update(
-        name="stage-shared-slots",
-        trials=1,
-        parallel=1,
-        tasks=[t for t in spec["tasks"] if t["id"] == "median"],
-    )
-    exp = submit(write_spec(example_dir, spec), Settings.from_env())
+    exp = median_only(example_dir, "stage-shared-slots", parallel=1)
     got: dict[str, dict[TrialKey, TrialPartition]] = {}
 
     def run(run_id: str, key: TrialKey) -> None:
@@ -180,8 +235,6 @@ def test_two_runs_of_one_experiment_share_its_parallel_slots(
             in_flight=lambda marker: True,  # the other run is alive: its trial is not cut off
             log=Said(),
         )
-
-    import threading
 
     threads = [threading.Thread(target=run, args=a) for a in (("run-a", PLAIN), ("run-b", SKILL))]
     for t in threads:
