@@ -278,7 +278,7 @@ def overlap_request(
         sibling = trials_runs[1]  # the run the one in flight was made beside, or after
         if sibling.dagster_run.status != dg.DagsterRunStatus.SUCCESS:
             return None  # a cancel or a failure waits for the one in flight to end (decide)
-        if sibling.end_time is not None and sibling.end_time >= made_at(flying[0]):
+        if ended_beside(sibling, flying[0]):
             # It ended beside the one in flight: what it left (retries, what could not start)
             # is planned once nothing runs, not in run after run beside it (driver.py's held).
             left = run_span(exp, sibling.dagster_run.tags)
@@ -310,8 +310,9 @@ def overlap_request(
     )
 
 
-def made_at(record: dg.RunRecord) -> float:
-    return record.create_timestamp.timestamp()
+def ended_beside(record: dg.RunRecord, newer: dg.RunRecord) -> bool:
+    """Whether ``record`` ended after ``newer`` was made (the two ran side by side)."""
+    return record.end_time is not None and record.end_time >= newer.create_timestamp.timestamp()
 
 
 def sibling_failure(
@@ -324,9 +325,9 @@ def sibling_failure(
         return None
     newest, before = trials_runs[0], trials_runs[1]
     status = before.dagster_run.status
-    if status in IN_FLIGHT or status == dg.DagsterRunStatus.SUCCESS or before.end_time is None:
+    if status in IN_FLIGHT or status == dg.DagsterRunStatus.SUCCESS:
         return None
-    if before.end_time < made_at(newest):
+    if not ended_beside(before, newest):
         return None
     ended = ended_run(instance, paths, before)
     return None if ended.worker_died else after_failure("trials", [ended])

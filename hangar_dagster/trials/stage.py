@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ def run_trials(
     slots = experiment_slots(paths.experiment_dir(exp.experiment_id), exp.spec.parallel)
     turn = slots.turn()
     next_due = slots.next_due(run_id)
+    marked = threading.Event()  # next_due written: no look at the file on each hand-out
     order = longest_first(plan.run, expected)
     handed = itertools.count(1)  # keys handed to a slot so far (its __next__ is atomic)
     with DrainWatcher(drain_reason) as watcher:
@@ -169,9 +171,10 @@ def run_trials(
                     # Every key of this run holds its slot (given up only now, else the next
                     # run's threads could take the slot this last key waits for).
                     turn.give_up()
-                if not next_due.exists() and next_run_due(
+                if not marked.is_set() and next_run_due(
                     n, len(order), exp.spec.parallel, time.monotonic() - began
                 ):
+                    marked.set()
                     next_due.touch()  # the daemon's driver may make the next slice's run now
                 return one_in_slot(key)
 
