@@ -773,9 +773,12 @@ class EmbeddedStore(Store):
             try:
                 os.link(entry, path)
             except FileNotFoundError:
-                if path.parent.is_dir():
+                # No folder yet (the experiment's first record), or a reader linked and removed
+                # the entry. Ask the entry, not the folder: another writer may have made the
+                # folder since this link failed.
+                if not entry.exists():
                     raise
-                path.parent.mkdir(parents=True, exist_ok=True)  # the experiment's first
+                path.parent.mkdir(parents=True, exist_ok=True)
                 os.link(entry, path)
         except (FileExistsError, FileNotFoundError):
             # A reader links the entry of a writer slow between the two (and, done with it, may

@@ -661,3 +661,28 @@ def test_two_processes_write_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ("base", 5),
         ("skill", 5),
     ]
+
+
+def test_an_experiments_first_folder_made_by_another_writer_between_link_and_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers of an experiment's first records: this one's link fails (no folder yet),
+    another makes the folder before this one looks. The failure was then read as "the entry is
+    gone" and the put raised FileNotFoundError (test_eight_threads_write_at_once, now and then)."""
+    store = f.make_store(tmp_path, monkeypatch)
+    real_link = os.link
+    calls: list[str] = []
+
+    def link_then_folder_appears(src: Any, dst: Any) -> None:
+        calls.append(str(dst))
+        if len(calls) == 1:
+            try:
+                real_link(src, dst)
+            finally:
+                Path(dst).parent.mkdir(parents=True, exist_ok=True)  # the other writer's mkdir
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", link_then_folder_appears)
+    store.put(f.trial("v1", "t1"))
+    assert len(calls) == 2  # the first failed for the folder, the second linked
+    assert [t.trial_key for t in store.trials(f.EXP)] == ["v1/t1/1"]
